@@ -1,0 +1,1 @@
+"""Benchmarks and reports: scripts that print figures (not timed tests)."""

@@ -1,0 +1,241 @@
+"""Load a fine-tuned checkpoint (local directory or hub id) and decide what it is and whether we can export it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from export.architectures import ARCHITECTURES, Architecture, Task, supported_summary, task_of_architecture
+from export.errors import ExportError, first_line
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# Buffers that checkpoints need not carry; their absence is no sign of a missing head.
+NON_PERSISTENT_SUFFIXES = ("position_ids", "token_type_ids")
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint that passed every check: fp32 eager PyTorch model, fast tokenizer, task and limits."""
+
+    source: str
+    architecture: Architecture
+    class_name: str
+    task: Task
+    model: Any  # transformers PreTrainedModel, fp32, eager attention, eval mode
+    tokenizer: Any  # a fast (tokenizers-backed) transformers tokenizer
+    max_length: int
+    labels: list[str] | None
+    problem_type: str | None
+    num_layers: int
+    num_heads: int
+    hidden_size: int
+    source_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.architecture.input_names
+
+
+def load_checkpoint(source: str, task: str = "auto", max_length: int | None = None) -> Checkpoint:
+    """Load and check everything the export needs, before anything is written anywhere."""
+    from transformers import AutoConfig
+
+    local_dir = _local_dir(source)
+    raw = _read_raw_config(local_dir) if local_dir else None
+    if raw is not None:
+        _check_architecture(source, raw.get("model_type"), raw.get("architectures"))
+    try:
+        config = AutoConfig.from_pretrained(str(local_dir or source))
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError... for the same "cannot load" story
+        if local_dir:
+            raise ExportError(f"could not read {local_dir / 'config.json'}: {first_line(exc)}") from exc
+        raise ExportError(
+            f"checkpoint {source!r} is not a local directory and could not be fetched from the hub ({first_line(exc)})"
+        ) from exc
+    architecture, class_name = _check_architecture(source, config.model_type, config.architectures)
+    resolved_task = _resolve_task(source, class_name, task)
+    model = _load_model(source, local_dir, resolved_task)
+    tokenizer = _load_tokenizer(source, local_dir)
+    if len(tokenizer) > config.vocab_size:
+        raise ExportError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {config.vocab_size}: "
+            "they do not belong together"
+        )
+    labels = _labels(config, resolved_task)
+    return Checkpoint(
+        source=str(local_dir.resolve()) if local_dir else source,
+        architecture=architecture,
+        class_name=class_name,
+        task=resolved_task,
+        model=model,
+        tokenizer=tokenizer,
+        max_length=_max_length(config, architecture, tokenizer, max_length),
+        labels=labels,
+        problem_type=_problem_type(config, resolved_task),
+        num_layers=int(config.num_hidden_layers),
+        num_heads=int(config.num_attention_heads),
+        hidden_size=int(config.hidden_size),
+        source_info=_source_info(source, local_dir, config),
+    )
+
+
+def _local_dir(source: str) -> Path | None:
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ExportError(f"checkpoint {source!r} is a file; give the checkpoint directory (with config.json)")
+    looks_like_path = source.startswith((".", "/", "~")) or source.count("/") > 1 or not HUB_ID.match(source)
+    if looks_like_path:
+        raise ExportError(f"checkpoint directory {source!r} does not exist")
+    return None  # a hub id
+
+
+def _read_raw_config(local_dir: Path) -> dict[str, Any]:
+    path = local_dir / "config.json"
+    if not path.is_file():
+        raise ExportError(f"{local_dir} has no config.json: is it a Hugging Face checkpoint directory?")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"could not read {path}: {first_line(exc)}") from exc
+    if not isinstance(raw, dict):
+        raise ExportError(f"{path} is not a JSON object")
+    return raw
+
+
+def _check_architecture(source: str, model_type: Any, architectures: Any) -> tuple[Architecture, str]:
+    class_name = architectures[0] if isinstance(architectures, list) and architectures else ""
+    architecture = ARCHITECTURES.get(str(model_type))
+    if architecture is None:
+        what = f"model_type {model_type!r}" + (f" ({class_name})" if class_name else "")
+        raise ExportError(f"{source}: unsupported {what}; {supported_summary()}")
+    return architecture, class_name
+
+
+def _resolve_task(source: str, class_name: str, requested: str) -> Task:
+    detected = task_of_architecture(class_name) if class_name else None
+    if detected is None:
+        what = class_name or "a checkpoint with no 'architectures' entry"
+        raise ExportError(f"{source} is {what}: a base model with no task head cannot be served; {supported_summary()}")
+    if requested not in ("auto", detected):
+        raise ExportError(f"task mismatch: {source} is a {class_name} ({detected}) but --task {requested} was given")
+    return detected
+
+
+def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
+    from transformers import (
+        AutoModelForQuestionAnswering,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
+
+    auto_class = {
+        "classification": AutoModelForSequenceClassification,
+        "ner": AutoModelForTokenClassification,
+        "qa": AutoModelForQuestionAnswering,
+    }[task]
+    if local_dir is not None and not any((local_dir / name).is_file() for name in WEIGHT_FILES):
+        raise ExportError(f"{local_dir} has no weights ({' or '.join(WEIGHT_FILES[:2])})")
+    try:
+        # fp32 whatever the stored dtype; eager attention, which the ONNX Runtime optimizer can fuse (SDPA it cannot).
+        model, info = auto_class.from_pretrained(
+            str(local_dir or source),
+            dtype=torch.float32,
+            attn_implementation="eager",
+            output_loading_info=True,
+        )
+    except Exception as exc:
+        raise ExportError(f"could not load the weights of {source}: {first_line(exc)}") from exc
+    missing = sorted(k for k in info.get("missing_keys", ()) if not k.endswith(NON_PERSISTENT_SUFFIXES))
+    mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
+    if missing or mismatched:
+        shown = ", ".join((missing + mismatched)[:4])
+        raise ExportError(
+            f"{source} lacks trained weights for part of the {task} model ({shown}): "
+            "export a checkpoint fine-tuned for this task"
+        )
+    return model.eval()
+
+
+def _load_tokenizer(source: str, local_dir: Path | None) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(local_dir or source))
+    except Exception as exc:
+        raise ExportError(f"could not load the tokenizer of {source}: {first_line(exc)}") from exc
+    if getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise ExportError(
+            f"the tokenizer of {source} ({type(tokenizer).__name__}) has no fast (tokenizers) form; "
+            "the server needs tokenizer.json"
+        )
+    return tokenizer
+
+
+def _labels(config: Any, task: Task) -> list[str] | None:
+    if task == "qa":
+        return None
+    id2label = {int(k): str(v) for k, v in (config.id2label or {}).items()}
+    if sorted(id2label) != list(range(config.num_labels)):
+        raise ExportError(f"id2label does not cover labels 0..{config.num_labels - 1}: {id2label}")
+    return [id2label[i] for i in range(config.num_labels)]
+
+
+def _problem_type(config: Any, task: Task) -> str | None:
+    if task != "classification":
+        return None
+    problem_type = config.problem_type or "single_label_classification"
+    if problem_type not in ("single_label_classification", "multi_label_classification"):
+        raise ExportError(
+            f"problem_type {problem_type!r} is not served; "
+            "single_label_classification and multi_label_classification are"
+        )
+    return problem_type
+
+
+def _max_length(config: Any, architecture: Architecture, tokenizer: Any, requested: int | None) -> int:
+    positions = int(config.max_position_embeddings)
+    if architecture.reserved_positions:
+        positions -= int(config.pad_token_id or 0) + 1
+    tokenizer_limit = int(getattr(tokenizer, "model_max_length", positions) or positions)
+    default = min(positions, tokenizer_limit) if tokenizer_limit < 1_000_000 else positions
+    if requested is None:
+        return default
+    if not 8 <= requested <= positions:
+        raise ExportError(f"--max-length {requested} is out of range: this model takes 8 to {positions} tokens")
+    return requested
+
+
+def _source_info(source: str, local_dir: Path | None, config: Any) -> dict[str, Any]:
+    info: dict[str, Any] = {"checkpoint": str(local_dir.resolve()) if local_dir else source}
+    info["kind"] = "local" if local_dir else "hub"
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    info["stored_dtype"] = str(stored).replace("torch.", "") if stored is not None else None
+    if local_dir is None:
+        info["revision"] = getattr(config, "_commit_hash", None)
+        return info
+    info["weights"] = [
+        {"file": name, "sha256": _sha256(local_dir / name)} for name in WEIGHT_FILES if (local_dir / name).is_file()
+    ]
+    return info
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

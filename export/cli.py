@@ -1,0 +1,92 @@
+"""`python -m export CHECKPOINT --name NAME ...` and `python -m export demo`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from export.errors import ExportError, first_line
+
+DESCRIPTION = """Export a fine-tuned BERT, RoBERTa, ALBERT or DistilBERT checkpoint (sequence classification,
+token classification or question answering) to a validated, optimized ONNX model-repository entry.
+`python -m export demo` builds the demo repository instead (small random-weight models, one per task)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m export", description=DESCRIPTION)
+    parser.add_argument(
+        "checkpoint",
+        help="checkpoint directory or hub id; 'demo' builds the demo repository (write ./demo for a folder named demo)",
+    )
+    parser.add_argument("--name", help="name of the repository entry (required unless 'demo')")
+    parser.add_argument("--task", default="auto", choices=["auto", "classification", "ner", "qa"])
+    parser.add_argument("--repository", type=Path, default=Path("models"), help="model repository (default: models)")
+    parser.add_argument(
+        "--variants", default="fp32,fp16,int8", help="comma-separated, of fp32,fp16,int8 (fp32 is always made)"
+    )
+    parser.add_argument("--max-length", type=int, default=None, help="longest input in tokens (default: the model's)")
+    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default 17)")
+    parser.add_argument("--quiet", action="store_true", help="print only the summary")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_libraries()
+    progress = (lambda _: None) if args.quiet else (lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    try:
+        if args.checkpoint == "demo":
+            from export.demo import build_demo_repository
+
+            results = build_demo_repository(args.repository, progress=progress)
+        else:
+            if not args.name:
+                raise ExportError("--name is required: the name the model is served under")
+            from export.graph import DEFAULT_OPSET
+            from export.pipeline import export_checkpoint
+
+            results = [
+                export_checkpoint(
+                    args.checkpoint,
+                    args.name,
+                    args.repository,
+                    task=args.task,
+                    variants=args.variants,
+                    max_length=args.max_length,
+                    opset=args.opset or DEFAULT_OPSET,
+                    progress=progress,
+                )
+            ]
+    except ExportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted; the repository was left as it was", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug or an environment problem: still one line, and a non-zero exit
+        print(f"error: unexpected failure: {first_line(exc)}", file=sys.stderr)
+        return 2
+    from export.report import summary
+
+    for result in results:
+        print(summary(result))
+    return 0
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass

@@ -1,0 +1,84 @@
+"""Graph fusion with ONNX Runtime's transformer optimizer, plus the one pattern it misses (ALBERT's first layer)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnx
+from onnxruntime.transformers.fusion_attention import FusionAttention
+from onnxruntime.transformers.fusion_options import FusionOptions
+from onnxruntime.transformers.onnx_model_bert import BertOnnxModel
+from onnxruntime.transformers.optimizer import optimize_by_onnxruntime
+
+from export.errors import ExportError
+
+# The attention block's output projection as the optimizer matches it from the residual Add/SkipLayerNorm:
+# Add(bias) <- MatMul(dense) <- Reshape <- Transpose <- MatMul(probs x V).
+ATTENTION_OUTPUT_PATH = ["Add", "MatMul", "Reshape", "Transpose", "MatMul"]
+
+
+class ResidualOrderAttentionFusion(FusionAttention):
+    """FusionAttention that also fuses a layer whose residual input is itself produced by an Add.
+
+    FusionAttention looks for the attention output path from the first input of the residual node that comes
+    from an Add. In ALBERT's first layer the residual input is the bias Add of `embedding_hidden_mapping_in`
+    (every other layer's comes from a LayerNorm), so it follows the wrong input and gives up. Adding is
+    commutative, so we put the attention branch first and let the stock fusion do the rest.
+    """
+
+    def fuse(self, node: onnx.NodeProto, input_name_to_nodes: dict, output_name_to_node: dict) -> None:
+        residual = node if node.op_type == "SkipLayerNormalization" else self.model.match_parent(node, "Add", 0)
+        if residual is not None:
+            self._put_attention_branch_first(residual, output_name_to_node)
+        super().fuse(node, input_name_to_nodes, output_name_to_node)
+
+    def _put_attention_branch_first(self, residual: onnx.NodeProto, output_name_to_node: dict) -> None:
+        first_parent = output_name_to_node.get(residual.input[0])
+        if first_parent is None or first_parent.op_type != "Add":
+            return  # the stock matcher takes the right input already
+        on_first = self.model.match_parent_path(residual, ATTENTION_OUTPUT_PATH, [0, None, 0, 0, 0])
+        on_second = self.model.match_parent_path(residual, ATTENTION_OUTPUT_PATH, [1, None, 0, 0, 0])
+        if on_first is None and on_second is not None:
+            residual.input[0], residual.input[1] = residual.input[1], residual.input[0]
+
+
+class EncoderOnnxModel(BertOnnxModel):
+    """The optimizer's BERT model with the attention fusion above; every other fusion is the stock one."""
+
+    def __init__(self, model: onnx.ModelProto, num_heads: int, hidden_size: int) -> None:
+        super().__init__(model, num_heads, hidden_size)
+        self.attention_fusion = ResidualOrderAttentionFusion(
+            self, self.hidden_size, self.num_heads, self.attention_mask
+        )
+
+
+def optimize(raw_path: Path, fused_path: Path, num_heads: int, hidden_size: int) -> None:
+    """Constant-fold with ONNX Runtime (level 1), then fuse with the optimizer's BERT fusions, and save."""
+    for name in ("onnxruntime.transformers", "fusion_base", "onnx_model", "onnx_model_bert", "fusion_utils"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    folded = fused_path.with_name(fused_path.stem + ".folded.onnx")
+    try:
+        optimize_by_onnxruntime(
+            str(raw_path),
+            use_gpu=False,
+            optimized_model_path=str(folded),
+            opt_level=1,
+            disabled_optimizers=["ConstantSharing"],
+        )
+        model = EncoderOnnxModel(onnx.load(str(folded)), num_heads, hidden_size)
+        model.optimize(FusionOptions("bert"))
+        model.topological_sort()
+        model.model.producer_name = "bertserve-export"
+        model.save_model_to_file(str(fused_path))
+    finally:
+        folded.unlink(missing_ok=True)
+
+
+def check_attention_fused(fused_operators: dict[str, int], num_layers: int) -> None:
+    fused = fused_operators.get("Attention", 0) + fused_operators.get("MultiHeadAttention", 0)
+    if fused != num_layers:
+        raise ExportError(
+            f"attention is fused in {fused} of {num_layers} layers (fused operators: {fused_operators}); "
+            "an unfused layer runs several times slower, so the export stops here"
+        )

@@ -1,0 +1,211 @@
+"""The export, start to end: checkpoint -> ONNX -> fused graph -> variants -> validation -> repository entry."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+
+from export import __version__
+from export.architectures import OUTPUT_NAMES
+from export.checkpoint import Checkpoint, load_checkpoint
+from export.errors import ExportError, first_line
+from export.fusion import check_attention_fused, optimize
+from export.graph import DEFAULT_OPSET, export_onnx
+from export.repository import FORMAT_VERSION, check_name, staged_entry, write_config
+from export.validation import (
+    FP32_TOLERANCE,
+    Case,
+    Validation,
+    build_cases,
+    create_session,
+    reference_outputs,
+    validate,
+)
+from export.variants import VARIANT_PROVIDERS, VARIANTS, file_name, write_fp16, write_int8
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ExportResult:
+    entry: Path
+    config: dict[str, Any]
+    seconds: float
+
+
+def parse_variants(variants: str | Iterable[str]) -> list[str]:
+    """fp32 always comes first (the others are made from it, and it is the CPU default)."""
+    names = [v.strip() for v in (variants.split(",") if isinstance(variants, str) else variants) if v.strip()]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        raise ExportError(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    return [v for v in VARIANTS if v == "fp32" or v in names]
+
+
+def export_checkpoint(
+    source: str,
+    name: str,
+    repository: Path,
+    task: str = "auto",
+    variants: str | Iterable[str] = VARIANTS,
+    max_length: int | None = None,
+    opset: int = DEFAULT_OPSET,
+    demo: bool = False,
+    progress: Progress = lambda _: None,
+) -> ExportResult:
+    started = time.perf_counter()
+    check_name(name)
+    wanted = parse_variants(variants)
+    progress(f"loading {source}")
+    checkpoint = load_checkpoint(source, task, max_length)
+    cases = build_cases(checkpoint)
+    references = reference_outputs(checkpoint, cases)
+    with staged_entry(repository, name) as staging:
+        raw = staging / "model.raw.onnx"
+        progress(f"exporting {checkpoint.class_name} to ONNX (opset {opset})")
+        export_onnx(checkpoint, raw, opset)
+        progress("fusing the graph")
+        fp32 = staging / file_name("fp32")
+        optimize(raw, fp32, checkpoint.num_heads, checkpoint.hidden_size)
+        raw.unlink()
+        variant_entries = {}
+        for variant in wanted:
+            path = staging / file_name(variant)
+            progress(f"writing and validating {variant}")
+            if variant == "fp16":
+                write_fp16(fp32, path)
+            elif variant == "int8":
+                write_int8(fp32, path)
+            operators = contrib_operator_counts(path)
+            if variant == "fp32":
+                check_attention_fused(operators, checkpoint.num_layers)
+            validation = _validate_variant(variant, path, checkpoint, cases, references)
+            if variant == "fp32" and not validation.passed:
+                raise ExportError(
+                    f"fp32 ONNX output differs from PyTorch by {validation.max_abs_diff:.3g} "
+                    f"(tolerance {FP32_TOLERANCE:g}); see the cases: {validation.cases}"
+                )
+            variant_entries[variant] = {
+                "file": path.name,
+                "providers": VARIANT_PROVIDERS[variant],
+                "size_bytes": path.stat().st_size,
+                "fused_operators": operators,
+                "validation": validation.to_dict(),
+            }
+        tokenizer_info = _save_tokenizer(checkpoint, staging)
+        seconds = time.perf_counter() - started
+        config = _entry_config(checkpoint, name, demo, opset, variant_entries, tokenizer_info, seconds)
+        write_config(staging, config)
+    return ExportResult(entry=repository / name, config=config, seconds=time.perf_counter() - started)
+
+
+def contrib_operator_counts(path: Path) -> dict[str, int]:
+    """Fused (com.microsoft) operators in a graph, plus LayerNormalization, which the fusion also produces."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    counts = Counter(
+        node.op_type for node in graph.node if node.domain == "com.microsoft" or node.op_type == "LayerNormalization"
+    )
+    return dict(sorted(counts.items()))
+
+
+def _validate_variant(
+    variant: str, path: Path, checkpoint: Checkpoint, cases: list[Case], references: list[dict]
+) -> Validation:
+    provider = VARIANT_PROVIDERS[variant][0]
+    if provider not in ort.get_available_providers():
+        return Validation(
+            variant=variant,
+            validated=False,
+            reason=f"{provider} is not available on this machine "
+            f"(onnxruntime {ort.__version__} has {', '.join(ort.get_available_providers())})",
+        )
+    try:
+        session = create_session(str(path), provider)
+    except Exception as exc:
+        if variant == "fp32":
+            raise ExportError(f"onnxruntime cannot load the fused fp32 graph: {first_line(exc)}") from exc
+        return Validation(variant=variant, validated=False, reason=f"session failed: {first_line(exc)}")
+    if session.get_providers()[0] != provider:
+        return Validation(variant=variant, validated=False, reason=f"{provider} could not be initialised")
+    tolerance = FP32_TOLERANCE if variant == "fp32" else None
+    return validate(variant, session, checkpoint, cases, references, tolerance)
+
+
+def _save_tokenizer(checkpoint: Checkpoint, entry: Path) -> dict[str, Any]:
+    tokenizer = checkpoint.tokenizer
+    try:
+        tokenizer.save_pretrained(str(entry))
+    except Exception as exc:
+        raise ExportError(f"could not save the tokenizer: {first_line(exc)}") from exc
+    if not (entry / "tokenizer.json").is_file():
+        raise ExportError("the tokenizer did not produce tokenizer.json, which the server loads")
+    special = {
+        key: getattr(tokenizer, key, None)
+        for key in ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token", "eos_token")
+    }
+    return {
+        "file": "tokenizer.json",
+        "class": type(tokenizer).__name__,
+        "pad_token_id": tokenizer.pad_token_id,
+        "special_tokens": {key: value for key, value in special.items() if value is not None},
+        "model_input_names": list(tokenizer.model_input_names),
+        "padding_side": tokenizer.padding_side,
+        "model_max_length": min(int(tokenizer.model_max_length), 1_000_000_000),
+    }
+
+
+def _entry_config(
+    checkpoint: Checkpoint,
+    name: str,
+    demo: bool,
+    opset: int,
+    variants: dict[str, Any],
+    tokenizer: dict[str, Any],
+    seconds: float,
+) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    return {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "task": checkpoint.task,
+        "architecture": checkpoint.class_name,
+        "model_type": checkpoint.architecture.model_type,
+        "demo": demo,
+        "problem_type": checkpoint.problem_type,
+        "labels": checkpoint.labels,
+        "inputs": list(checkpoint.input_names),
+        "outputs": list(OUTPUT_NAMES[checkpoint.task]),
+        "max_length": checkpoint.max_length,
+        "encoder": {
+            "layers": checkpoint.num_layers,
+            "heads": checkpoint.num_heads,
+            "hidden_size": checkpoint.hidden_size,
+        },
+        "tokenizer": tokenizer,
+        "default_variant": {"cpu": "fp32", "cuda": "fp16" if "fp16" in variants else "fp32"},
+        "variants": variants,
+        "source": {**checkpoint.source_info, "kind": "demo", "checkpoint": f"random-weight {checkpoint.class_name}"}
+        if demo
+        else checkpoint.source_info,
+        "export": {
+            "tool": "bertserve-export",
+            "version": __version__,
+            "opset": opset,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnxruntime": ort.__version__,
+            "onnx": onnx.__version__,
+            "seconds": round(seconds, 2),
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        },
+    }

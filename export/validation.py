@@ -1,0 +1,184 @@
+"""Check each ONNX variant against the PyTorch fp32 model on several shapes, with padding, on real tokens."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from export.architectures import OUTPUT_NAMES, Task
+from export.checkpoint import Checkpoint
+from export.sample_text import CONTEXT, QUESTIONS, SENTENCES
+
+FP32_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    inputs: dict[str, np.ndarray]
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.inputs["input_ids"].shape)
+
+
+@dataclass
+class Validation:
+    """What one variant's check found; `validated` False means it was not run, with the reason."""
+
+    variant: str
+    validated: bool
+    provider: str | None = None
+    max_abs_diff: float | None = None
+    agreement: float | None = None
+    agreement_of: str | None = None
+    tolerance: float | None = None
+    passed: bool | None = None
+    reason: str | None = None
+    cases: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_cases(checkpoint: Checkpoint) -> list[Case]:
+    """Batch 1 and 3; short, odd and maximum lengths; rows padded to the longest in their batch."""
+    limit = checkpoint.max_length
+    short = min(8, limit)
+    odd = 37 if limit > 37 else limit - 1 - (limit % 2 == 0)
+    plans = {
+        "batch1-short": [short],
+        "batch1-odd": [odd],
+        "batch1-max": [limit],
+        "batch3-padded": [odd, short, max(short, limit // 2)],
+        "batch3-max": [short, limit, odd],
+    }
+    return [Case(name, _batch(checkpoint, lengths)) for name, lengths in plans.items()]
+
+
+def _batch(checkpoint: Checkpoint, lengths: list[int]) -> dict[str, np.ndarray]:
+    rows = [_encode_row(checkpoint, length, index) for index, length in enumerate(lengths)]
+    width = max(lengths)
+    pad_id = checkpoint.tokenizer.pad_token_id or 0
+    batch = {
+        "input_ids": np.full((len(rows), width), pad_id, dtype=np.int64),
+        "attention_mask": np.zeros((len(rows), width), dtype=np.int64),
+        "token_type_ids": np.zeros((len(rows), width), dtype=np.int64),
+    }
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        batch["input_ids"][i, :n] = row["input_ids"]
+        batch["attention_mask"][i, :n] = 1
+        if "token_type_ids" in row:
+            batch["token_type_ids"][i, :n] = row["token_type_ids"]
+    return {name: batch[name] for name in checkpoint.input_names}
+
+
+def _encode_row(checkpoint: Checkpoint, length: int, index: int) -> dict[str, list[int]]:
+    """Exactly `length` tokens of real text: a sentence, a sentence pair, or a (question, context) pair."""
+    tokenizer = checkpoint.tokenizer
+    rotated = " ".join(SENTENCES[index:] + SENTENCES[:index])
+    repeat = 1
+    while True:
+        text = " ".join([rotated] * repeat)
+        if checkpoint.task == "qa":
+            encoded = tokenizer(
+                QUESTIONS[index % len(QUESTIONS)], " ".join([CONTEXT] * repeat), truncation=True, max_length=length
+            )
+        elif checkpoint.task == "classification" and index % 2 == 1:
+            encoded = tokenizer(text, SENTENCES[index], truncation=True, max_length=length)
+        else:
+            encoded = tokenizer(text, truncation=True, max_length=length)
+        if len(encoded["input_ids"]) >= length or repeat > 64:
+            return {key: list(value) for key, value in encoded.items()}
+        repeat *= 2
+
+
+def reference_outputs(checkpoint: Checkpoint, cases: list[Case]) -> list[dict[str, np.ndarray]]:
+    names = OUTPUT_NAMES[checkpoint.task]
+    results = []
+    with torch.no_grad():
+        for case in cases:
+            tensors = {name: torch.from_numpy(array) for name, array in case.inputs.items()}
+            outputs = checkpoint.model(**tensors, return_dict=True)
+            results.append({name: outputs[name].float().numpy() for name in names})
+    return results
+
+
+def create_session(path: str, provider: str) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(path, options, providers=[provider])
+
+
+def validate(
+    variant: str,
+    session: ort.InferenceSession,
+    checkpoint: Checkpoint,
+    cases: list[Case],
+    references: list[dict[str, np.ndarray]],
+    tolerance: float | None,
+) -> Validation:
+    names = OUTPUT_NAMES[checkpoint.task]
+    report = Validation(variant=variant, validated=True, provider=session.get_providers()[0], tolerance=tolerance)
+    agree_total, count_total, worst = 0, 0, 0.0
+    for case, reference in zip(cases, references, strict=True):
+        produced = dict(zip(names, session.run(list(names), case.inputs), strict=True))
+        mask = case.inputs["attention_mask"].astype(bool)
+        diff = max_abs_diff(checkpoint.task, reference, produced, mask)
+        agree, count, unit = agreement(checkpoint.task, checkpoint.problem_type, reference, produced, mask)
+        report.cases.append({"name": case.name, "shape": case.shape, "max_abs_diff": diff, "agreement": agree / count})
+        worst = max(worst, diff)
+        agree_total += agree
+        count_total += count
+        report.agreement_of = unit
+    report.max_abs_diff = worst
+    report.agreement = agree_total / count_total
+    report.passed = worst <= tolerance if tolerance is not None else None
+    return report
+
+
+def max_abs_diff(task: Task, reference: dict, produced: dict, mask: np.ndarray) -> float:
+    worst = 0.0
+    for name, expected in reference.items():
+        got = produced[name]
+        if task != "classification":  # per-token outputs: padded positions carry no answer
+            expected, got = expected[mask], got[mask]
+        worst = max(worst, float(np.max(np.abs(expected.astype(np.float64) - got.astype(np.float64)))))
+    return worst
+
+
+def agreement(
+    task: Task, problem_type: str | None, reference: dict, produced: dict, mask: np.ndarray
+) -> tuple[int, int, str]:
+    """How often the variant gives the same answer: labels per row, tags per token, or (start, end) per row."""
+    if task == "classification":
+        expected, got = reference["logits"], produced["logits"]
+        if problem_type == "multi_label_classification":
+            same = np.all((expected > 0) == (got > 0), axis=-1)
+        else:
+            same = expected.argmax(-1) == got.argmax(-1)
+        return int(same.sum()), len(same), "labels"
+    if task == "ner":
+        same = reference["logits"].argmax(-1)[mask] == produced["logits"].argmax(-1)[mask]
+        return int(same.sum()), int(mask.sum()), "token tags"
+    spans_ref = _best_positions(reference, mask)
+    spans_got = _best_positions(produced, mask)
+    same = np.all(spans_ref == spans_got, axis=-1)
+    return int(same.sum()), len(same), "answer spans"
+
+
+def _best_positions(outputs: dict, mask: np.ndarray, max_answer_tokens: int = 15) -> np.ndarray:
+    """Per row, the (start, end) that maximises start + end logits with start <= end < start + 15 (real tokens)."""
+    start = np.where(mask, outputs["start_logits"], -np.inf)
+    end = np.where(mask, outputs["end_logits"], -np.inf)
+    length = start.shape[1]
+    offsets = np.arange(length)[None, :] - np.arange(length)[:, None]  # end - start
+    allowed = (offsets >= 0) & (offsets < max_answer_tokens)
+    scores = np.where(allowed[None], start[:, :, None] + end[:, None, :], -np.inf)
+    best = scores.reshape(len(scores), -1).argmax(-1)
+    return np.stack([best // length, best % length], axis=-1)

@@ -1,0 +1,1 @@
+"""Locust load tests (land with the deploy and load-test issue)."""

@@ -1,0 +1,1 @@
+"""The REST server for the model repository (lands with the serve issue)."""

@@ -1,0 +1,35 @@
+"""Test-wide settings: offline, quiet libraries, and tiny real checkpoints built once per session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """tiny_checkpoint(arch, task, **overrides) -> checkpoint directory, built once per argument set."""
+    from tests.tiny_models import write_tiny_checkpoint
+
+    cache: dict[str, Path] = {}
+
+    def build(arch: str, task: str, **overrides: Any) -> Path:
+        key = "-".join([arch, task, *(f"{k}={v}" for k, v in sorted(overrides.items()))])
+        if key not in cache:
+            directory = tmp_path_factory.mktemp("ckpt-" + "".join(c if c.isalnum() else "_" for c in key))
+            cache[key] = write_tiny_checkpoint(directory, arch, task, **overrides)
+        return cache[key]
+
+    return build
