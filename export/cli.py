@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _quiet_libraries()
+    quiet_libraries()
     progress = (lambda _: None) if args.quiet else (lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     try:
         if args.checkpoint == "demo":
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore")
