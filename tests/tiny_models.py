@@ -49,7 +49,8 @@ def wordpiece_tokenizer(input_names: list[str]) -> PreTrainedTokenizerFast:
     chars = sorted({char for word in words for char in word})
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     whole_words = sorted(word for word in words if 1 < len(word) <= 8)  # longer words split into pieces
-    pieces = specials + chars + [f"##{char}" for char in chars] + whole_words + ["##ing", "##ed", "##s", "##ly"]
+    extra = ["##ing", "##ed", "##s", "##ly"]
+    pieces = list(dict.fromkeys(specials + chars + [f"##{char}" for char in chars] + whole_words + extra))
     tokenizer = Tokenizer(models.WordPiece({piece: i for i, piece in enumerate(pieces)}, unk_token="[UNK]"))
     tokenizer.normalizer = normalizer
     tokenizer.pre_tokenizer = pre_tokenizer
