@@ -1,0 +1,327 @@
+"""Token classification (NER): text to model rows, and token logits to entities.
+
+The entities are those of transformers 5's `token-classification` pipeline on the same checkpoint (labels, words,
+character offsets; scores up to float rounding) for every aggregation strategy. What it does, and what we do:
+
+* Scores are the softmax over labels of each token's logits; special tokens (the post-processor's [CLS], [SEP],
+  padding) are dropped. Added tokens typed in the text, such as "[MASK]", are not special there and are kept.
+* A token's `word` is its vocabulary string ("##ing", "Ġworld"), except for the unknown token, whose word is the
+  text it covers. Grouped words join those strings with the tokenizer's decoder (`convert_tokens_to_string`), not
+  by decoding ids; entity groups join the already joined words with the decoder a second time.
+* Whether a token continues a word: for tokenizers whose model marks continuation pieces (WordPiece's "##"), when
+  the token string and the text it covers differ in length; for the others (byte-level BPE, Unigram), when it does
+  not start the text and neither the character before it nor its first character is a space (" " only, not tabs or
+  new lines). Unknown tokens start a word.
+* "simple" groups adjacent tokens with the same tag, starting a new group at every B- tag; a label without a B-/I-
+  prefix counts as I-. "first", "average" and "max" first give every word one label (its first token's, its
+  tokens' mean scores', or its most confident token's), then group the words the same way. Labels in
+  `ignore_labels` are dropped after grouping.
+* Long texts: windows of `max_length` tokens overlapping by `stride` tokens, the way the pipeline's `stride`
+  argument makes them (`return_overflowing_tokens`). Each window is tagged and grouped alone; entities of all
+  windows are then sorted by start and, where one starts inside the previous kept one, the longer wins (the
+  higher score on equal lengths). Windows come from the tokenizers library, so their quirks are the pipeline's
+  too: with RoBERTa's trim_offsets, a window's first text token keeps its leading space in its offsets.
+  The pipeline refuses `stride` with strategy "none"; here a token in several windows is reported once (from the
+  window where, among those not ignoring it, it scored highest), with `index` counted over the whole text's tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tokenizers import Encoding
+
+from service.tasks.base import Row
+from service.tokenization import TextTokenizer
+
+AGGREGATION_STRATEGIES = ("none", "simple", "first", "average", "max")
+WORD_STRATEGIES = ("first", "average", "max")
+
+# Tokens of overlap between consecutive windows: the common choice for 512-token models (as the question-answering
+# doc_stride). An entity cut by a window's end is whole in the next window when it is shorter than the overlap, and
+# tokens near a window's end get their right context there. `default_stride` caps it for shorter windows.
+DEFAULT_STRIDE = 128
+
+Entity = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """One non-special token of a window: what the entities need besides its scores."""
+
+    position: int  # index in its window's row
+    index: int  # index in the tokens of the whole text, as if it fitted in one window (= position in window 0)
+    word: str  # the vocabulary string, or for the unknown token the text it stands for
+    start: int
+    end: int
+    is_subword: bool  # continues the word of the token before it
+
+
+@dataclass(frozen=True)
+class NerFeatures:
+    rows: list[Row]  # one model input row per window
+    tokens: list[list[TokenSpan]]  # the non-special tokens of each window
+    join_tokens: Callable[[Sequence[str]], str]  # the tokenizer's decoder over token strings
+
+
+@dataclass(frozen=True)
+class _Tagged:
+    """A token or word with its label: the step before grouping and filtering."""
+
+    label: str
+    score: np.floating
+    word: str
+    start: int
+    end: int
+    index: int
+
+
+def window_capacity(tokenizer: TextTokenizer, max_length: int) -> int:
+    """Text tokens per window: the model's maximum length less the special tokens added to every window."""
+    return max_length - tokenizer.num_special_tokens(pair=False)
+
+
+def max_stride(tokenizer: TextTokenizer, max_length: int) -> int:
+    """The largest usable stride: windows must advance by at least one token."""
+    return window_capacity(tokenizer, max_length) - 1
+
+
+def default_stride(tokenizer: TextTokenizer, max_length: int) -> int:
+    """DEFAULT_STRIDE, but at most a quarter of `max_length` (and below `max_stride`) for short windows."""
+    return max(0, min(DEFAULT_STRIDE, max_length // 4, max_stride(tokenizer, max_length)))
+
+
+def check_strategy(strategy: str) -> None:
+    if strategy not in AGGREGATION_STRATEGIES:
+        raise ValueError(
+            f"unknown aggregation strategy {strategy!r}; expected one of: {', '.join(AGGREGATION_STRATEGIES)}"
+        )
+
+
+def prepare(tokenizer: TextTokenizer, text: str, max_length: int, stride: int) -> NerFeatures:
+    """Tokenize `text` into windows of at most `max_length` tokens overlapping by `stride` tokens."""
+    if window_capacity(tokenizer, max_length) < 1:
+        raise ValueError(f"max_length {max_length} leaves no room for text between the special tokens")
+    if not 0 <= stride <= max_stride(tokenizer, max_length):
+        raise ValueError(
+            f"stride must be between 0 and {max_stride(tokenizer, max_length)} for max_length {max_length}, "
+            f"got {stride}"
+        )
+    encodings = tokenizer.encode(text, max_length=max_length, stride=stride)
+    step = window_capacity(tokenizer, max_length) - stride  # text tokens each window moves on by
+    word_aware = tokenizer.continuing_subword_prefix is not None
+    unk_id = tokenizer.unk_token_id
+    return NerFeatures(
+        rows=[Row.from_encoding(encoding) for encoding in encodings],
+        tokens=[
+            _token_spans(text, encoding, window * step, word_aware, unk_id) for window, encoding in enumerate(encodings)
+        ],
+        join_tokens=tokenizer.tokens_to_string,
+    )
+
+
+def _token_spans(text: str, encoding: Encoding, shift: int, word_aware: bool, unk_id: int | None) -> list[TokenSpan]:
+    spans = []
+    for position, (token_id, token, (start, end), special) in enumerate(
+        zip(encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True)
+    ):
+        if special:
+            continue
+        if token_id == unk_id:
+            word, is_subword = text[start:end], False
+        else:
+            word, is_subword = token, _is_subword(text, token, start, end, word_aware)
+        spans.append(TokenSpan(position, position + shift, word, start, end, is_subword))
+    return spans
+
+
+def _is_subword(text: str, token: str, start: int, end: int, word_aware: bool) -> bool:
+    if word_aware:
+        # A continuation piece carries its mark ("##ing" covers "ing"): the lengths differ.
+        return len(token) != len(text[start:end])
+    # No marks to go by: a token continues a word unless a space ends the text before it or starts its own text.
+    return start > 0 and " " not in text[start - 1 : start + 1]
+
+
+def postprocess(
+    text: str,
+    features: NerFeatures,
+    logits: list[np.ndarray],
+    labels: list[str],
+    strategy: str,
+    ignore_labels: tuple[str, ...] = ("O",),
+) -> list[Entity]:
+    """Entities of the text from each window's logits, shape (len(rows[i]), len(labels))."""
+    check_strategy(strategy)
+    _check_logits(features, logits, labels)
+    per_window = [
+        _window_entities(tokens, _softmax(window_logits), labels, strategy, features.join_tokens, ignore_labels)
+        for tokens, window_logits in zip(features.tokens, logits, strict=True)
+    ]
+    if len(per_window) == 1:
+        return per_window[0]
+    if strategy == "none":
+        return _merge_token_windows(per_window)
+    return _merge_overlapping([entity for entities in per_window for entity in entities])
+
+
+def _check_logits(features: NerFeatures, logits: list[np.ndarray], labels: list[str]) -> None:
+    if len(logits) != len(features.rows):
+        raise ValueError(f"expected logits for {len(features.rows)} windows, got {len(logits)}")
+    for window, (row, window_logits) in enumerate(zip(features.rows, logits, strict=True)):
+        if window_logits.shape != (len(row), len(labels)):
+            raise ValueError(
+                f"window {window}: expected logits of shape {(len(row), len(labels))}, got {window_logits.shape}"
+            )
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    logits = logits.astype(np.float32, copy=False)
+    exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def _window_entities(
+    tokens: list[TokenSpan],
+    scores: np.ndarray,
+    labels: list[str],
+    strategy: str,
+    join_tokens: Callable[[Sequence[str]], str],
+    ignore_labels: tuple[str, ...],
+) -> list[Entity]:
+    """One window's entities, filtered: tokens for "none", entity groups otherwise."""
+    if strategy in WORD_STRATEGIES:
+        tagged = _tag_words(tokens, scores, labels, strategy, join_tokens)
+    else:
+        tagged = _tag_tokens(tokens, scores, labels)
+    if strategy == "none":
+        return [_token_entity(item) for item in tagged if item.label not in ignore_labels]
+    groups = [_entity_group(group, join_tokens) for group in _group_tags(tagged)]
+    return [group for group in groups if group["entity_group"] not in ignore_labels]
+
+
+def _tag_tokens(tokens: list[TokenSpan], scores: np.ndarray, labels: list[str]) -> list[_Tagged]:
+    tagged = []
+    for token in tokens:
+        token_scores = scores[token.position]
+        best = int(token_scores.argmax())
+        tagged.append(_Tagged(labels[best], token_scores[best], token.word, token.start, token.end, token.index))
+    return tagged
+
+
+def _split_words(tokens: list[TokenSpan]) -> list[list[TokenSpan]]:
+    """Tokens into words: a word starts at the window's first token and at every token that is not a subword."""
+    words: list[list[TokenSpan]] = []
+    for token in tokens:
+        if words and token.is_subword:
+            words[-1].append(token)
+        else:
+            words.append([token])
+    return words
+
+
+def _word_scores(word: list[TokenSpan], scores: np.ndarray, strategy: str) -> np.ndarray:
+    """The label scores that decide a word's label."""
+    if strategy == "first":
+        return scores[word[0].position]
+    if strategy == "max":
+        # The most confident token; the first of equals.
+        return max((scores[token.position] for token in word), key=lambda token_scores: token_scores.max())
+    return np.nanmean(scores[[token.position for token in word]], axis=0)  # "average"
+
+
+def _tag_words(
+    tokens: list[TokenSpan],
+    scores: np.ndarray,
+    labels: list[str],
+    strategy: str,
+    join_tokens: Callable[[Sequence[str]], str],
+) -> list[_Tagged]:
+    tagged = []
+    for word in _split_words(tokens):
+        word_scores = _word_scores(word, scores, strategy)
+        best = int(word_scores.argmax())
+        text = join_tokens([token.word for token in word])
+        tagged.append(_Tagged(labels[best], word_scores[best], text, word[0].start, word[-1].end, word[0].index))
+    return tagged
+
+
+def _bio(label: str) -> tuple[str, str]:
+    """("B" or "I", tag) of a label; a label without a B-/I- prefix continues like an I- tag."""
+    if label.startswith(("B-", "I-")):
+        return label[0], label[2:]
+    return "I", label
+
+
+def _group_tags(tagged: list[_Tagged]) -> list[list[_Tagged]]:
+    """Adjacent items with the same tag, a new group at every B- tag (and at every tag change)."""
+    groups: list[list[_Tagged]] = []
+    for item in tagged:
+        prefix, tag = _bio(item.label)
+        if groups and prefix != "B" and tag == _bio(groups[-1][-1].label)[1]:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
+def _entity_group(group: list[_Tagged], join_tokens: Callable[[Sequence[str]], str]) -> Entity:
+    return {
+        "entity_group": group[0].label.split("-", 1)[-1],  # the pipeline cuts at the first "-", whatever the prefix
+        "score": float(np.nanmean(np.array([item.score for item in group]))),
+        "word": join_tokens([item.word for item in group]),
+        "start": group[0].start,
+        "end": group[-1].end,
+    }
+
+
+def _token_entity(item: _Tagged) -> Entity:
+    return {
+        "entity": item.label,
+        "score": float(item.score),
+        "index": item.index,
+        "word": item.word,
+        "start": item.start,
+        "end": item.end,
+    }
+
+
+def _merge_overlapping(entities: list[Entity]) -> list[Entity]:
+    """Entities of overlapping windows, ordered by start; of those starting inside a kept one, the longest wins.
+
+    As in the pipeline, the scan compares the first entity with itself: an empty first entity (start == end,
+    from a token such as byte-level BPE's lone "Ġ") is therefore kept twice.
+    """
+    if not entities:
+        return []
+    ordered = sorted(entities, key=lambda entity: entity["start"])  # stable: window order among equal starts
+    merged: list[Entity] = []
+    kept = ordered[0]
+    for entity in ordered:
+        if kept["start"] <= entity["start"] < kept["end"]:
+            if _outranks(entity, kept):
+                kept = entity
+        else:
+            merged.append(kept)
+            kept = entity
+    merged.append(kept)
+    return merged
+
+
+def _outranks(entity: Entity, other: Entity) -> bool:
+    length, other_length = entity["end"] - entity["start"], other["end"] - other["start"]
+    return length > other_length or (length == other_length and entity["score"] > other["score"])
+
+
+def _merge_token_windows(per_window: list[list[Entity]]) -> list[Entity]:
+    """Strategy "none" over several windows: each token once, from the window that scored it highest."""
+    best: dict[int, Entity] = {}
+    for entities in per_window:
+        for entity in entities:
+            current = best.get(entity["index"])
+            if current is None or entity["score"] > current["score"]:
+                best[entity["index"]] = entity
+    return [best[index] for index in sorted(best)]

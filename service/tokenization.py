@@ -1,0 +1,89 @@
+"""A model's tokenizer (tokenizer.json), safe to use from several threads at once.
+
+`tokenizers.Tokenizer` keeps truncation settings on the object, and the tasks need different settings per
+request (QA's max_seq_len and doc_stride, NER's window stride). Each thread gets its own copy, so setting
+truncation for one call never races with another thread's encode.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from tokenizers import Encoding, Tokenizer
+
+TruncationStrategy = Literal["longest_first", "only_first", "only_second"]
+
+
+class TextTokenizer:
+    def __init__(self, path: Path, pad_token_id: int) -> None:
+        self._json = path.read_text(encoding="utf-8")
+        Tokenizer.from_str(self._json)  # fail at load time, not on the first request
+        self.pad_token_id = pad_token_id
+        self._local = threading.local()
+
+    def _tokenizer(self) -> Tokenizer:
+        tokenizer = getattr(self._local, "tokenizer", None)
+        if tokenizer is None:
+            tokenizer = Tokenizer.from_str(self._json)
+            tokenizer.no_padding()
+            tokenizer.no_truncation()
+            self._local.tokenizer = tokenizer
+        return tokenizer
+
+    def encode(
+        self,
+        text: str,
+        pair: str | None = None,
+        *,
+        max_length: int | None = None,
+        stride: int = 0,
+        strategy: TruncationStrategy = "longest_first",
+        add_special_tokens: bool = True,
+    ) -> list[Encoding]:
+        """Encode one text (or pair). With max_length, every window: the first, then its overflows in order.
+
+        Windows are made the way transformers' fast tokenizers make them with `return_overflowing_tokens=True`
+        (the tokenizers library's truncation with `stride` tokens of overlap).
+        """
+        tokenizer = self._tokenizer()
+        if max_length is None:
+            tokenizer.no_truncation()
+        else:
+            tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy, direction="right")
+        encoding = tokenizer.encode(text, pair, add_special_tokens=add_special_tokens)
+        return [encoding, *encoding.overflowing] if max_length is not None else [encoding]
+
+    def count_tokens(self, text: str, pair: str | None = None) -> int:
+        """Length with special tokens and without truncation."""
+        return len(self.encode(text, pair)[0].ids)
+
+    def num_special_tokens(self, pair: bool) -> int:
+        return self._tokenizer().num_special_tokens_to_add(pair)
+
+    def tokens_to_string(self, tokens: Sequence[str]) -> str:
+        """Join token strings into text with the tokenizer's decoder (spaces without one).
+
+        What transformers' `convert_tokens_to_string` does for fast tokenizers: it works on token strings, not
+        ids, so a token may be replaced by any text first, and it neither skips special tokens nor cleans up spaces.
+        """
+        decoder = self._tokenizer().decoder
+        return decoder.decode(list(tokens)) if decoder is not None else " ".join(tokens)
+
+    @cached_property
+    def continuing_subword_prefix(self) -> str | None:
+        """The model's mark of a word-continuing piece ("##" for WordPiece), None where it has none."""
+        return json.loads(self._json)["model"].get("continuing_subword_prefix") or None
+
+    @cached_property
+    def unk_token_id(self) -> int | None:
+        """The id the model gives to unknown text, None where it never does (byte-level BPE without unk)."""
+        model = json.loads(self._json)["model"]
+        if model.get("type") == "Unigram":
+            return model.get("unk_id")
+        unk_token = model.get("unk_token")
+        return self._tokenizer().token_to_id(unk_token) if unk_token else None

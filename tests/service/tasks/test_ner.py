@@ -1,0 +1,341 @@
+"""NER pre- and post-processing against transformers' token-classification pipeline on the same checkpoints.
+
+Our logits come from the PyTorch model itself on our rows, so these tests check the tokenization, windows,
+aggregation and entity text only: labels, words and offsets must be equal, scores within 1e-4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForTokenClassification, AutoTokenizer, pipeline
+
+from service.tasks import ner
+from service.tokenization import TextTokenizer
+
+# The pipeline warns on every word strategy call for tokenizers without continuation marks (RoBERTa, ALBERT).
+pytestmark = pytest.mark.filterwarnings("ignore:Tokenizer does not support real words:UserWarning")
+
+ARCHS = ("bert", "roberta", "albert", "distilbert")
+MAX_LENGTH = 64  # the tiny checkpoints' window
+SCORE_TOLERANCE = 1e-4
+SHARED = Path(__file__).resolve().parents[3].parent / "shared"
+REAL_CHECKPOINT = SHARED / "models" / "minilm-bert-conll03"
+CONLL_TEST = SHARED / "data" / "conll2003" / "test.txt"
+
+TEXTS = (
+    "My name is Wolfgang and I live in Berlin.",
+    "Angela Merkel met Emmanuel Macron in Paris on 14 June 2019, then flew to New York.",
+    "São Paulo, Zürich and Kraków are cities; Ñandú is not.",
+    "Order #4521 costs $1,299.99 (tax incl.) - call 555-0172!",
+    "Multiple   spaces\tand\ttabs\nand new lines between   Tokyo and   Geneva.",
+    "   leading and trailing spaces around Geneva   ",
+    "Unbelievable: the antidisestablishmentarianism board met in Reykjavík.",
+    "hello [MASK] <mask> emoji 😀 and CJK 東京 text",
+    "",
+    "   ",
+    ".",
+)
+LONG_TEXT = " ".join(
+    [
+        "The committee will meet again in Geneva next week to review the budget and the new rules.",
+        "Scientists in Tokyo and Berlin reported faster trains, cheaper batteries and cleaner water.",
+        "Maria Gonzalez flew from São Paulo to Zürich with Wolfgang Amadeus, then drove to Kraków.",
+        "I loved every minute of it; the music, the actors and the city all shine.",
+        "What a dull, clumsy and forgettable waste of two hours, said John Smith in New York City.",
+        "Unbelievable: 1,299 delegates reconvened in Reykjavík   on 14 June 2019.",
+    ]
+)
+
+
+@dataclass
+class Checkpoint:
+    tokenizer: TextTokenizer
+    model: Any  # eager PyTorch token classification model
+    labels: list[str]
+    uses_token_type_ids: bool
+    reference: Any  # transformers token-classification pipeline
+
+    def logits(self, features: ner.NerFeatures) -> list[np.ndarray]:
+        """The PyTorch model's logits for each of our rows, one row at a time."""
+        outputs = []
+        with torch.no_grad():
+            for row in features.rows:
+                # The tiny WordPiece vocabularies number "##s" and "##ly" past vocab_size (duplicate pieces in
+                # tests/tiny_models.py): texts must avoid those pieces, or the embedding lookup fails.
+                assert row.input_ids.max() < self.model.config.vocab_size, "a token id past the model's vocabulary"
+                inputs = {"input_ids": torch.from_numpy(row.input_ids)[None]}
+                inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+                if self.uses_token_type_ids:
+                    inputs["token_type_ids"] = torch.from_numpy(row.token_type_ids)[None]
+                outputs.append(self.model(**inputs).logits[0].numpy())
+        return outputs
+
+    def entities(
+        self, text: str, strategy: str, stride: int, max_length: int = MAX_LENGTH, **options: Any
+    ) -> list[dict[str, Any]]:
+        features = ner.prepare(self.tokenizer, text, max_length, stride)
+        return ner.postprocess(text, features, self.logits(features), self.labels, strategy, **options)
+
+
+def load_checkpoint(directory: Path, model: Any | None = None, reference: Any | None = None) -> Checkpoint:
+    if model is None:
+        model = AutoModelForTokenClassification.from_pretrained(str(directory), attn_implementation="eager").eval()
+    if reference is None:
+        reference = pipeline("token-classification", model=str(directory))
+    return Checkpoint(
+        tokenizer=TextTokenizer(directory / "tokenizer.json", model.config.pad_token_id),
+        model=model,
+        labels=[model.config.id2label[i] for i in range(model.config.num_labels)],
+        uses_token_type_ids="token_type_ids" in AutoTokenizer.from_pretrained(str(directory)).model_input_names,
+        reference=reference,
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_checkpoint: Callable[..., Path]) -> Callable[[str], Checkpoint]:
+    """checkpoint(arch): the tiny NER checkpoint with its model, tokenizer and pipeline, loaded once per module."""
+    cache: dict[str, Checkpoint] = {}
+
+    def get(arch: str) -> Checkpoint:
+        if arch not in cache:
+            cache[arch] = load_checkpoint(tiny_checkpoint(arch, "ner"))
+        return cache[arch]
+
+    return get
+
+
+def assert_same_entities(expected: list[dict[str, Any]], got: list[dict[str, Any]], context: str) -> None:
+    assert len(got) == len(expected), f"{context}: {len(got)} entities, the pipeline has {len(expected)}"
+    for number, (want, have) in enumerate(zip(expected, got, strict=True)):
+        assert set(have) == set(want), f"{context} #{number}: keys {sorted(have)} != {sorted(want)}"
+        exact = {key: value for key, value in want.items() if key != "score"}
+        assert {key: have[key] for key in exact} == exact, f"{context} #{number}"
+        assert isinstance(have["score"], float)
+        assert abs(have["score"] - float(want["score"])) <= SCORE_TOLERANCE, f"{context} #{number}: score"
+
+
+def labelled(entities: list[dict[str, Any]]) -> int:
+    return sum(entity.get("entity", entity.get("entity_group")) != "O" for entity in entities)
+
+
+@pytest.mark.parametrize("strategy", ner.AGGREGATION_STRATEGIES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_short_texts_match_the_pipeline(checkpoint: Callable[[str], Checkpoint], arch: str, strategy: str) -> None:
+    model = checkpoint(arch)
+    compared = 0
+    for text in TEXTS:
+        assert model.tokenizer.count_tokens(text) <= MAX_LENGTH, "the pipeline without stride would truncate"
+        expected = model.reference(text, aggregation_strategy=strategy)
+        got = model.entities(text, strategy, stride=ner.default_stride(model.tokenizer, MAX_LENGTH))
+        assert_same_entities(expected, got, f"{arch}/{strategy} {text!r}")
+        for entity in got:
+            assert text[entity["start"] : entity["end"]] or entity["start"] == entity["end"]
+        compared += labelled(got)
+    assert model.entities("", strategy, stride=8) == []
+    assert compared > 0, "no labelled entities were compared: the test would pass vacuously"
+
+
+@pytest.mark.parametrize("stride", [0, 8, None])  # None: the default stride
+@pytest.mark.parametrize("strategy", ["simple", "first", "average", "max"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_long_text_windows_match_the_pipeline_with_stride(
+    checkpoint: Callable[[str], Checkpoint], arch: str, strategy: str, stride: int | None
+) -> None:
+    model = checkpoint(arch)
+    stride = ner.default_stride(model.tokenizer, MAX_LENGTH) if stride is None else stride
+    features = ner.prepare(model.tokenizer, LONG_TEXT, MAX_LENGTH, stride)
+    assert len(features.rows) >= 3 and all(len(row) <= MAX_LENGTH for row in features.rows)
+    expected = model.reference(LONG_TEXT, aggregation_strategy=strategy, stride=stride)
+    got = ner.postprocess(LONG_TEXT, features, model.logits(features), model.labels, strategy)
+    assert_same_entities(expected, got, f"{arch}/{strategy} stride {stride}")
+    assert labelled(got) > 0
+    assert max(entity["end"] for entity in got) > len(LONG_TEXT) // 2, "the end of the text was not covered"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_windows_are_the_pipeline_tokenizers_windows(arch: str, tiny_checkpoint: Callable[..., Path]) -> None:
+    directory = tiny_checkpoint(arch, "ner")
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    reference = tokenizer(
+        LONG_TEXT,
+        truncation=True,
+        return_overflowing_tokens=True,
+        stride=8,
+        padding=True,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
+    ours = TextTokenizer(directory / "tokenizer.json", tokenizer.pad_token_id)
+    features = ner.prepare(ours, LONG_TEXT, MAX_LENGTH, 8)
+    assert len(features.rows) == len(reference["input_ids"])
+    for window, row in enumerate(features.rows):
+        length = sum(reference["attention_mask"][window])  # the pipeline pads the last window; we do not
+        assert row.input_ids.tolist() == reference["input_ids"][window][:length]
+        kept = [position for position in range(length) if not reference["special_tokens_mask"][window][position]]
+        assert [token.position for token in features.tokens[window]] == kept
+        assert [(token.start, token.end) for token in features.tokens[window]] == [
+            tuple(reference["offset_mapping"][window][position]) for position in kept
+        ]
+
+
+def same_span(whole: tuple[int, int], start: int, end: int, text: str) -> bool:
+    """The token's offsets in the whole text's encoding and in a window agree, up to a window's leading space.
+
+    RoBERTa's post-processor (trim_offsets) keeps the leading space in the offsets of a sequence's first token,
+    and every overflowing window is a sequence of its own: "ĠC" at a window's start covers " C", not "C".
+    """
+    return whole[1] == end and (whole[0] == start or text[start : whole[0]].isspace())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_token_indices_count_over_the_whole_text(checkpoint: Callable[[str], Checkpoint], arch: str) -> None:
+    model = checkpoint(arch)
+    whole = model.tokenizer.encode(LONG_TEXT)[0]
+    features = ner.prepare(model.tokenizer, LONG_TEXT, MAX_LENGTH, 8)
+    for window_tokens, row in zip(features.tokens, features.rows, strict=True):
+        for token in window_tokens:
+            assert whole.ids[token.index] == row.input_ids[token.position]
+            assert same_span(whole.offsets[token.index], token.start, token.end, LONG_TEXT)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_strategy_none_over_windows_reports_each_token_once(checkpoint: Callable[[str], Checkpoint], arch: str) -> None:
+    # The pipeline refuses `stride` with "none"; without it, it tags the first window only.
+    model = checkpoint(arch)
+    stride = 8
+    got = model.entities(LONG_TEXT, "none", stride)
+    indices = [entity["index"] for entity in got]
+    assert indices == sorted(set(indices)), "tokens repeated or out of order"
+    whole = model.tokenizer.encode(LONG_TEXT)[0]
+    assert all(same_span(whole.offsets[e["index"]], e["start"], e["end"], LONG_TEXT) for e in got)
+    assert max(indices) > MAX_LENGTH, "tokens past the first window are missing"
+    # Tokens only the first window holds (before the second window's start) are the pipeline's.
+    second_window_start = 1 + ner.window_capacity(model.tokenizer, MAX_LENGTH) - stride
+    first_only = [entity for entity in got if entity["index"] < second_window_start]
+    expected = [e for e in model.reference(LONG_TEXT, aggregation_strategy="none") if e["index"] < second_window_start]
+    assert_same_entities(expected, first_only, f"{arch}/none first window")
+
+
+@pytest.mark.parametrize("strategy", ["none", "simple", "average"])
+def test_ignore_labels_pass_through(checkpoint: Callable[[str], Checkpoint], strategy: str) -> None:
+    model = checkpoint("bert")
+    text = TEXTS[1]
+    for ignore in ((), ("O", "PER", "B-PER")):
+        expected = model.reference(text, aggregation_strategy=strategy, ignore_labels=list(ignore))
+        got = model.entities(text, strategy, stride=8, ignore_labels=ignore)
+        assert_same_entities(expected, got, f"{strategy} ignore {ignore}")
+    if strategy != "none":
+        assert any(entity["entity_group"] == "O" for entity in model.entities(text, strategy, 8, ignore_labels=()))
+
+
+def test_unknown_strategy_is_refused(checkpoint: Callable[[str], Checkpoint]) -> None:
+    model = checkpoint("bert")
+    features = ner.prepare(model.tokenizer, "Berlin", MAX_LENGTH, 8)
+    with pytest.raises(ValueError, match="unknown aggregation strategy 'longest'"):
+        ner.postprocess("Berlin", features, model.logits(features), model.labels, "longest")
+    with pytest.raises(ValueError, match="unknown aggregation strategy"):
+        ner.check_strategy("SIMPLE")
+
+
+def test_logits_must_fit_the_rows(checkpoint: Callable[[str], Checkpoint]) -> None:
+    model = checkpoint("bert")
+    features = ner.prepare(model.tokenizer, "Berlin", MAX_LENGTH, 8)
+    logits = model.logits(features)
+    with pytest.raises(ValueError, match="expected logits for 1 windows"):
+        ner.postprocess("Berlin", features, [*logits, *logits], model.labels, "simple")
+    with pytest.raises(ValueError, match="shape"):
+        ner.postprocess("Berlin", features, [logits[0][:, :2]], model.labels, "simple")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stride_limits(checkpoint: Callable[[str], Checkpoint], arch: str) -> None:
+    tokenizer = checkpoint(arch).tokenizer
+    assert ner.window_capacity(tokenizer, MAX_LENGTH) == MAX_LENGTH - 2
+    assert ner.default_stride(tokenizer, MAX_LENGTH) == MAX_LENGTH // 4
+    assert ner.default_stride(tokenizer, 4) == 1  # two text tokens a window: one of overlap
+    assert ner.default_stride(tokenizer, 512) == ner.DEFAULT_STRIDE
+    top = ner.max_stride(tokenizer, MAX_LENGTH)
+    ner.prepare(tokenizer, LONG_TEXT, MAX_LENGTH, top)  # windows advance by one token: slow, but valid
+    for bad in (top + 1, MAX_LENGTH, -1):
+        with pytest.raises(ValueError, match="stride must be between 0 and"):
+            ner.prepare(tokenizer, "Berlin", MAX_LENGTH, bad)
+    with pytest.raises(ValueError, match="no room"):
+        ner.prepare(tokenizer, "Berlin", 2, 0)
+
+
+@pytest.mark.parametrize(
+    ("arch", "prefix", "unk_id"),
+    [("bert", "##", 1), ("distilbert", "##", 1), ("roberta", None, None), ("albert", None, 1)],
+)
+def test_tokenizer_word_marks(
+    checkpoint: Callable[[str], Checkpoint], arch: str, prefix: str | None, unk_id: int | None
+) -> None:
+    """What decides `is_subword` and unknown words, read from tokenizer.json as the pipeline reads its tokenizer."""
+    model = checkpoint(arch)
+    assert model.tokenizer.continuing_subword_prefix == prefix
+    assert model.tokenizer.unk_token_id == unk_id
+    backend = model.reference.tokenizer
+    assert (getattr(backend.backend_tokenizer.model, "continuing_subword_prefix", None) or None) == prefix
+    if unk_id is not None:
+        assert backend.unk_token_id == unk_id
+
+
+def test_words_are_token_strings_not_decoded_ids(checkpoint: Callable[[str], Checkpoint]) -> None:
+    """The pipeline's words: token strings ("none"), decoder-joined tokens, unknown tokens as their text."""
+    model = checkpoint("bert")
+    text = "Reykjavík 😀 visitors"
+    features = ner.prepare(model.tokenizer, text, MAX_LENGTH, 8)
+    words = [token.word for token in features.tokens[0]]
+    encoding = model.tokenizer.encode(text)[0]
+    assert "😀" in words and "[UNK]" in encoding.tokens  # unknown: the text it covers, not "[UNK]"
+    assert any(word.startswith("##") for word in words)  # continuation pieces keep their mark
+    assert features.join_tokens(["visit", "##ors"]) == "visitors"
+
+
+def conll_sentences(limit: int) -> list[str]:
+    sentences: list[str] = []
+    words: list[str] = []
+    for line in [*CONLL_TEST.read_text(encoding="utf-8").splitlines(), ""]:
+        if line.strip():
+            words.append(line.split(" ")[0])
+        elif words:
+            sentences.append(" ".join(words))
+            words = []
+        if len(sentences) == limit:
+            break
+    return sentences
+
+
+@pytest.mark.shared
+@pytest.mark.skipif(
+    not (REAL_CHECKPOINT.is_dir() and CONLL_TEST.is_file()),
+    reason=f"the real CoNLL-2003 checkpoint or data is absent ({REAL_CHECKPOINT}, {CONLL_TEST})",
+)
+def test_real_conll03_checkpoint_matches_the_pipeline() -> None:
+    # Stored in fp16: compute in fp32, the pipeline with the very same model object.
+    model = AutoModelForTokenClassification.from_pretrained(
+        str(REAL_CHECKPOINT), attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    reference = pipeline("token-classification", model=model, tokenizer=str(REAL_CHECKPOINT))
+    real = load_checkpoint(REAL_CHECKPOINT, model, reference)
+    max_length = int(reference.tokenizer.model_max_length)
+    sentences = conll_sentences(40)
+    texts = [*sentences[:30], " ".join(sentences)]  # the joined text needs two windows at 512 with stride 128
+    compared = 0
+    for text in texts:
+        features = ner.prepare(real.tokenizer, text, max_length, 128)
+        logits = real.logits(features)
+        for strategy in ("simple", "first"):
+            expected = reference(text, aggregation_strategy=strategy, stride=128)
+            got = ner.postprocess(text, features, logits, real.labels, strategy)
+            assert_same_entities(expected, got, f"{strategy} {text[:40]!r}")
+            compared += labelled(got)
+    assert len(features.rows) >= 2
+    assert compared > 50
