@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install run demo test lint format clean
+.PHONY: install run demo test lint format openapi clean
 
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,8 +26,11 @@ demo: $(INSTALLED)
 	if [ $$missing = 1 ]; then $(PY) -m export demo --repository $(REPOSITORY); \
 	else echo "demo repository present in $(REPOSITORY)/ ($(DEMO_MODELS))"; fi
 
+# Serves every entry of the repository on 127.0.0.1:8000 (HOST=0.0.0.0 PORT=... to change); ARGS for more settings.
+HOST ?= 127.0.0.1
+PORT ?= 8000
 run: demo
-	@echo "The demo repository is ready in $(REPOSITORY)/. The server (service/) has not landed yet, so 'make run' stops here."
+	$(PY) -m service --repository $(REPOSITORY) --host $(HOST) --port $(PORT) $(ARGS)
 
 test: $(INSTALLED)
 	$(PY) -m ruff check .
@@ -40,6 +43,9 @@ lint: $(INSTALLED)
 format: $(INSTALLED)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
+
+openapi: $(INSTALLED)
+	$(PY) -m service.openapi
 
 clean:
 	rm -rf $(VENV) $(REPOSITORY)/demo-* .pytest_cache .ruff_cache

@@ -1,0 +1,224 @@
+"""Dynamic batching per model. Knows nothing of HTTP or ONNX: rows in, a runner called on batches, outputs back.
+
+- Queued rows are grouped by length: a batch forms around the oldest row, taking the rows nearest to it in
+  length, while the padded cost (longest row x rows) stays within `max_batch_tokens` and the row count within
+  `max_batch_size`.
+- A partial batch waits at most `max_wait_s` after its oldest row arrived, unless the queue can already fill one.
+- The queue is bounded (`max_queue_rows`): past it, `Overloaded` at once. Every request has a deadline: past it
+  the request gets `DeadlineExceeded` and its rows that have not run are dropped. Rows of requests whose client
+  went away (ticket cancelled) are dropped too.
+- The runner runs on one worker thread per model, so the event loop never blocks; while a batch runs, the next
+  one queues. A runner failure fails each request of that batch with `InferenceFailed`; the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from service.errors import DeadlineExceeded, InferenceFailed, NotReady, Overloaded
+
+log = logging.getLogger("service.batcher")
+
+
+class Sized(Protocol):
+    def __len__(self) -> int: ...
+
+
+class BatchObserver(Protocol):
+    def on_batch(self, rows: int, padded_tokens: int, real_tokens: int, seconds: float) -> None: ...
+    def on_queue_depth(self, rows: int) -> None: ...
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request's stake in the queue: its deadline, whether its client is still there, and its timings."""
+
+    deadline: float  # time.monotonic() seconds
+    cancelled: bool = False
+    started: float = 0.0  # time.perf_counter() at admission, for the total time
+    queue_seconds: float = 0.0  # longest wait of any of its rows
+    inference_seconds: float = 0.0  # run time of the batches its rows were in
+    inference_calls: int = 0
+
+    @classmethod
+    def with_timeout(cls, seconds: float) -> Ticket:
+        return cls(deadline=time.monotonic() + seconds)
+
+
+@dataclass(eq=False)
+class _Item:
+    row: Any
+    length: int
+    ticket: Ticket
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.monotonic)
+
+    @property
+    def dead(self) -> bool:
+        return self.future.done() or self.ticket.cancelled or time.monotonic() > self.ticket.deadline
+
+
+class Batcher:
+    def __init__(
+        self,
+        name: str,
+        runner: Callable[[list[Any]], Sequence[Any]],
+        *,
+        max_batch_size: int,
+        max_batch_tokens: int,
+        max_wait_s: float,
+        max_queue_rows: int,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self.name = name
+        self._runner = runner
+        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait_s = max_wait_s
+        self.max_queue_rows = max_queue_rows
+        self._observer = observer
+        self._pending: list[_Item] = []
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}")
+        self._task: asyncio.Task | None = None
+
+    @property
+    def queued_rows(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for item in self._pending:
+            if not item.future.done():
+                item.future.set_exception(NotReady("the server is shutting down"))
+        self._pending.clear()
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, rows: Sequence[Sized], ticket: Ticket) -> list[Any]:
+        """Queue the rows, wait for all their outputs (in order) or the ticket's deadline."""
+        if not rows:
+            return []
+        if self._task is None or self._task.done():
+            raise NotReady(f"model {self.name} is not running")
+        if len(self._pending) + len(rows) > self.max_queue_rows:
+            raise Overloaded(f"model {self.name} has {len(self._pending)} rows queued; try again shortly")
+        loop = asyncio.get_running_loop()
+        items = [_Item(row, len(row), ticket, loop.create_future()) for row in rows]
+        self._pending.extend(items)
+        self._report_depth()
+        self._wakeup.set()
+        try:
+            return await asyncio.wait_for(
+                asyncio.gather(*(item.future for item in items)), ticket.deadline - time.monotonic()
+            )
+        except TimeoutError:
+            ticket.cancelled = True
+            raise DeadlineExceeded(
+                f"the request was not answered within its deadline (model {self.name}, "
+                f"{len(rows)} rows, {len(self._pending)} rows queued)"
+            ) from None
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self._wait_for_work()
+                await self._wait_to_fill()
+                batch = self._take_batch()
+                if batch:
+                    await self._run(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the loop die: log, and keep serving
+                log.exception("batcher %s: unexpected error", self.name)
+
+    async def _wait_for_work(self) -> None:
+        while not self._pending:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    async def _wait_to_fill(self) -> None:
+        if not self._pending:
+            return
+        deadline = min(item.enqueued for item in self._pending) + self.max_wait_s
+        while not self._can_fill() and (remaining := deadline - time.monotonic()) > 0:
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _can_fill(self) -> bool:
+        return (
+            len(self._pending) >= self.max_batch_size
+            or sum(item.length for item in self._pending) >= self.max_batch_tokens
+        )
+
+    def _take_batch(self) -> list[_Item]:
+        """Drop dead rows; then the oldest row plus its nearest neighbours in length, within the budgets."""
+        self._pending = [item for item in self._pending if not item.dead]
+        if not self._pending:
+            self._report_depth()
+            return []
+        by_length = sorted(self._pending, key=lambda item: (item.length, item.enqueued))
+        oldest = min(self._pending, key=lambda item: item.enqueued)
+        low = high = by_length.index(oldest)
+        while high - low + 1 < self.max_batch_size:
+            left = by_length[low - 1] if low > 0 else None
+            right = by_length[high + 1] if high + 1 < len(by_length) else None
+            count = high - low + 2
+            fits_left = left is not None and by_length[high].length * count <= self.max_batch_tokens
+            fits_right = right is not None and right.length * count <= self.max_batch_tokens
+            if fits_left and (not fits_right or oldest.length - left.length <= right.length - oldest.length):
+                low -= 1
+            elif fits_right:
+                high += 1
+            else:
+                break
+        batch = by_length[low : high + 1]
+        chosen = set(map(id, batch))
+        self._pending = [item for item in self._pending if id(item) not in chosen]
+        self._report_depth()
+        return batch
+
+    async def _run(self, batch: list[_Item]) -> None:
+        started = time.monotonic()
+        for item in batch:
+            item.ticket.queue_seconds = max(item.ticket.queue_seconds, started - item.enqueued)
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._runner, [item.row for item in batch]
+            )
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"runner returned {len(outputs)} outputs for {len(batch)} rows")
+        except Exception:
+            log.exception("batcher %s: a batch of %d rows failed", self.name, len(batch))
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(InferenceFailed("inference failed for this request's batch"))
+        else:
+            for item, output in zip(batch, outputs, strict=True):
+                if not item.future.done():
+                    item.future.set_result(output)
+        seconds = time.monotonic() - started
+        for ticket in {id(item.ticket): item.ticket for item in batch}.values():
+            ticket.inference_seconds += seconds
+            ticket.inference_calls += 1
+        if self._observer is not None:
+            width = max(item.length for item in batch)
+            real = sum(item.length for item in batch)
+            self._observer.on_batch(len(batch), width * len(batch), real, seconds)
+
+    def _report_depth(self) -> None:
+        if self._observer is not None:
+            self._observer.on_queue_depth(len(self._pending))

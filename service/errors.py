@@ -1,0 +1,77 @@
+"""One domain error hierarchy. Each class carries its HTTP status and error type; `service.http_errors` maps
+them (and FastAPI's own errors) to one body shape in one place."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    status_code = 500
+    error_type = "internal"
+
+    def __init__(self, message: str, *, field: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.headers = headers or {}
+
+
+class BadRequest(ServiceError):
+    status_code = 400
+    error_type = "bad_request"
+
+
+class WrongTask(ServiceError):
+    status_code = 400
+    error_type = "wrong_task"
+
+
+class ModelNotFound(ServiceError):
+    status_code = 404
+    error_type = "not_found"
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+    error_type = "payload_too_large"
+
+
+class InvalidInput(ServiceError):
+    """The request is well-formed JSON of the right shape, but an input cannot be served (422)."""
+
+    status_code = 422
+    error_type = "validation"
+
+
+class Overloaded(ServiceError):
+    status_code = 429
+    error_type = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class ModelFailed(ServiceError):
+    """The model failed to load: nothing will answer for it until the server is restarted."""
+
+    status_code = 503
+    error_type = "unavailable"
+
+
+class NotReady(ServiceError):
+    status_code = 503
+    error_type = "unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": "1"})
+
+
+class DeadlineExceeded(ServiceError):
+    status_code = 504
+    error_type = "timeout"
+
+
+class InferenceFailed(ServiceError):
+    """A batch failed in the runtime. The message is generic; the cause is logged, never sent."""
+
+    status_code = 500
+    error_type = "inference"

@@ -1,0 +1,77 @@
+"""Every error, ours or the framework's, answered with one body shape: {"error", "error_type", "field"}."""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service import schemas
+from service.errors import ServiceError
+
+log = logging.getLogger("service.http")
+INVALID_JSON = "the request body is not valid JSON (UTF-8)"
+STARLETTE_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+
+
+def error_response(status: int, error_type: str, message: str, field: str | None = None, headers=None) -> JSONResponse:
+    body = {"error": message, "error_type": error_type, "field": field}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+async def _service_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    return error_response(exc.status_code, exc.error_type, exc.message, exc.field, exc.headers)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    """Built from exc.errors(), never str(exc); malformed JSON (or invalid UTF-8) is a 400, not a 422."""
+    assert isinstance(exc, RequestValidationError)
+    errors: list[dict[str, Any]] = list(exc.errors())
+    if not errors:
+        return error_response(422, "validation", "the request body is not valid")
+    if errors[0].get("type") == "json_invalid":
+        return error_response(400, "bad_request", INVALID_JSON)
+    # Unions report one error per alternative; the deepest path is the one that says what is wrong.
+    first = max(errors, key=lambda error: len(_field(error) or ""))
+    field = _field(first)
+    message = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request body"))
+    others = {_field(error) for error in errors if error is not first} - {field, None}
+    if others:
+        message += f" (also: {', '.join(sorted(str(o) for o in others))})"
+    return error_response(422, "validation", message, field)
+
+
+def _field(error: dict[str, Any]) -> str | None:
+    """The path of request fields, without pydantic's union and type tags: inputs.0.question, top_k."""
+    parts = [str(p) for p in error.get("loc", ()) if isinstance(p, int) or p in schemas.REQUEST_FIELDS]
+    return ".".join(parts) or None
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    status = exc.status_code
+    error_type = STARLETTE_TYPES.get(status, "bad_request" if status < 500 else "internal")
+    message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(status).phrase
+    if status == 404:
+        message = "no such endpoint; see /docs"
+    elif status == 400:  # FastAPI's own body-parsing failure (e.g. bytes that are not UTF-8)
+        message = INVALID_JSON
+    return error_response(status, error_type, message, headers=getattr(exc, "headers", None))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal", "internal server error")

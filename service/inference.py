@@ -1,0 +1,173 @@
+"""From parsed inputs to answers: limits, tokenization (off the event loop), batching, post-processing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from service.batcher import Ticket
+from service.errors import InvalidInput, WrongTask
+from service.metrics import Metrics
+from service.registry import ModelRegistry, ServedModel
+from service.settings import Settings
+from service.tasks import classification, ner, qa
+from service.tasks.base import Row
+
+T = TypeVar("T")
+ENDPOINT_OF_TASK = {"classification": "classify", "ner": "ner", "qa": "qa"}
+
+
+@dataclass
+class Timings:
+    tokenization_s: float = 0.0
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+    inference_calls: int = 0
+    rows: int = 0
+
+
+class Inference:
+    def __init__(
+        self, settings: Settings, registry: ModelRegistry, executor: ThreadPoolExecutor, metrics: Metrics
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.registry = registry
+        self.executor = executor
+
+    def model_for(self, name: str, task: str) -> ServedModel:
+        model = self.registry.get(name)
+        if model.task != task:
+            raise WrongTask(
+                f"model {name} is a {model.task} model; use POST /v1/models/{name}/{ENDPOINT_OF_TASK[model.task]}"
+            )
+        return model
+
+    def check_texts(self, texts: Sequence[tuple[str, str]]) -> None:
+        """(field, text) pairs against the request limits."""
+        for where, text in texts:
+            if len(text) > self.settings.max_chars_per_input:
+                raise InvalidInput(
+                    f"{where} has {len(text)} characters; the limit is {self.settings.max_chars_per_input}",
+                    field=where,
+                )
+
+    def check_count(self, count: int) -> None:
+        if count > self.settings.max_inputs_per_request:
+            raise InvalidInput(
+                f"{count} inputs in one request; the limit is {self.settings.max_inputs_per_request}", field="inputs"
+            )
+
+    async def classify(
+        self, name: str, inputs: list[classification.TextInput], top_k: int | None, ticket: Ticket
+    ) -> tuple[list[list[dict]], Timings]:
+        model = self.model_for(name, "classification")
+        self.check_count(len(inputs))
+        self.check_texts(_classify_texts(inputs))
+        truncate = self.settings.token_overflow == "truncate"
+        timings = Timings()
+        rows = await self._off_loop(
+            timings, lambda: classification.prepare(model.tokenizer, inputs, model.max_length, truncate)
+        )
+        outputs = await self._run(model, rows, ticket, timings)
+        labels, problem_type = model.labels, model.config.get("problem_type")
+        results = [classification.postprocess(out["logits"], labels, problem_type, top_k) for out in outputs]
+        return results, timings
+
+    async def ner(self, name: str, texts: list[str], strategy: str, ticket: Ticket) -> tuple[list[list[dict]], Timings]:
+        model = self.model_for(name, "ner")
+        self.check_count(len(texts))
+        self.check_texts([(f"inputs.{i}", text) for i, text in enumerate(texts)])
+        timings = Timings()
+        stride = ner.default_stride(model.tokenizer, model.max_length)
+        features = await self._off_loop(
+            timings, lambda: [ner.prepare(model.tokenizer, text, model.max_length, stride) for text in texts]
+        )
+        outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
+        per_input = _split(outputs, [len(f.rows) for f in features])
+
+        def post() -> list[list[dict]]:
+            return [
+                ner.postprocess(text, f, [o["logits"] for o in outs], model.labels, strategy)
+                for text, f, outs in zip(texts, features, per_input, strict=True)
+            ]
+
+        return await self._checked(post), timings
+
+    async def qa(
+        self, name: str, pairs: list[tuple[str, str]], options: dict[str, Any], ticket: Ticket
+    ) -> tuple[list[list[dict]], Timings]:
+        model = self.model_for(name, "qa")
+        try:
+            params = qa.QaParams(**options)
+            params.window(model.max_length)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from exc
+        self.check_count(len(pairs))
+        self.check_texts(
+            [
+                (f"inputs.{i}.{part}", text)
+                for i, pair in enumerate(pairs)
+                for part, text in zip(("question", "context"), pair, strict=True)
+            ]
+        )
+        timings = Timings()
+        features = await self._off_loop(
+            timings,
+            lambda: [qa.prepare(model.tokenizer, q, c, params, model.max_length) for q, c in pairs],
+        )
+        outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
+        per_input = _split(outputs, [len(f.rows) for f in features])
+
+        def post() -> list[list[dict]]:
+            return [
+                qa.postprocess(q, c, f, [o["start_logits"] for o in outs], [o["end_logits"] for o in outs], params)
+                for (q, c), f, outs in zip(pairs, features, per_input, strict=True)
+            ]
+
+        return await self._checked(post), timings
+
+    async def _off_loop(self, timings: Timings, work: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        result = await self._checked(work)
+        timings.tokenization_s = time.perf_counter() - started
+        return result
+
+    async def _checked(self, work: Callable[[], T]) -> T:
+        """Run CPU work on the tokenizer pool; a ValueError from a task module is the client's input (422)."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, work)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from exc
+
+    async def _run(self, model: ServedModel, rows: list[Row], ticket: Ticket, timings: Timings) -> list[Any]:
+        outputs = await model.batcher.submit(rows, ticket)
+        timings.queue_s = ticket.queue_seconds
+        timings.inference_s = ticket.inference_seconds
+        timings.inference_calls = ticket.inference_calls
+        timings.rows = len(rows)
+        self.metrics.queue_duration.labels(model.name).observe(timings.queue_s)
+        self.metrics.tokenization_duration.labels(model.name).observe(timings.tokenization_s)
+        return outputs
+
+
+def _classify_texts(inputs: list[classification.TextInput]) -> list[tuple[str, str]]:
+    texts = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, str):
+            texts.append((f"inputs.{i}", item))
+        else:
+            texts.extend([(f"inputs.{i}.text", item[0]), (f"inputs.{i}.text_pair", item[1])])
+    return texts
+
+
+def _split(outputs: list[T], counts: list[int]) -> list[list[T]]:
+    result, start = [], 0
+    for count in counts:
+        result.append(outputs[start : start + count])
+        start += count
+    return result

@@ -1,0 +1,117 @@
+"""Prometheus metrics, in a registry of the app's own (several apps can live in one test process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "bertserve_requests",
+            "Requests answered, by model, endpoint and HTTP status.",
+            ["model", "endpoint", "status"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "bertserve_request_duration_seconds",
+            "Whole request time, body read to response.",
+            ["model", "endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_duration = Histogram(
+            "bertserve_queue_duration_seconds",
+            "Longest wait of a request's rows in the batch queue.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokenization_duration = Histogram(
+            "bertserve_tokenization_duration_seconds",
+            "Tokenization time of a request.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            "bertserve_inference_duration_seconds",
+            "Run time of one batch in the ONNX Runtime session.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "bertserve_batch_size",
+            "Rows (sequences or windows) per batch.",
+            ["model"],
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "bertserve_batch_tokens",
+            "Padded tokens (longest row x rows) per batch.",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.padding_ratio = Histogram(
+            "bertserve_batch_padding_ratio",
+            "Padded tokens / real tokens per batch (1.0: no padding).",
+            ["model"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.padded_tokens = Counter(
+            "bertserve_batch_padded_tokens", "Padded tokens run, summed over batches.", ["model"], registry=r
+        )
+        self.real_tokens = Counter(
+            "bertserve_batch_real_tokens", "Real (unpadded) tokens run, summed over batches.", ["model"], registry=r
+        )
+        self.queue_depth = Gauge("bertserve_queue_depth", "Rows waiting in the batch queue.", ["model"], registry=r)
+        self.model_info = Gauge(
+            "bertserve_model_info",
+            "1 per served model, with where it runs.",
+            ["model", "task", "architecture", "variant", "provider"],
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "bertserve_model_ready",
+            "1 when the model is loaded and warmed up; 0 while loading or failed.",
+            ["model"],
+            registry=r,
+        )
+
+    def observer(self, model: str) -> ModelObserver:
+        return ModelObserver(self, model)
+
+
+class ModelObserver:
+    """The batcher's view of the metrics for one model."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self._inference = metrics.inference_duration.labels(model)
+        self._size = metrics.batch_size.labels(model)
+        self._tokens = metrics.batch_tokens.labels(model)
+        self._ratio = metrics.padding_ratio.labels(model)
+        self._padded = metrics.padded_tokens.labels(model)
+        self._real = metrics.real_tokens.labels(model)
+        self._depth = metrics.queue_depth.labels(model)
+
+    def on_batch(self, rows: int, padded_tokens: int, real_tokens: int, seconds: float) -> None:
+        self._inference.observe(seconds)
+        self._size.observe(rows)
+        self._tokens.observe(padded_tokens)
+        self._ratio.observe(padded_tokens / max(real_tokens, 1))
+        self._padded.inc(padded_tokens)
+        self._real.inc(real_tokens)
+
+    def on_queue_depth(self, rows: int) -> None:
+        self._depth.set(rows)

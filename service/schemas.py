@@ -1,0 +1,122 @@
+"""Request and response bodies of the REST API (also what /docs and the committed OpenAPI schema show)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPair(Strict):
+    text: str = Field(description="first segment")
+    text_pair: str = Field(description="second segment")
+
+
+ClassifyInput = Annotated[str | TextPair, Field(description="a text, or a text pair")]
+
+
+class ClassifyRequest(Strict):
+    inputs: ClassifyInput | Annotated[list[ClassifyInput], Field(min_length=1)] = Field(
+        description="one input or a non-empty list of them", examples=["a gorgeous, witty, seductive movie."]
+    )
+    top_k: int | None = Field(1, ge=1, description="best labels to return per input; null: every label, sorted")
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    results: list[list[LabelScore]] = Field(description="per input, labels by decreasing score")
+
+
+class NerRequest(Strict):
+    inputs: str | Annotated[list[str], Field(min_length=1)] = Field(
+        description="one text or a non-empty list", examples=["EU rejects German call to boycott British lamb."]
+    )
+    aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = Field(
+        "simple", description="as transformers' token-classification pipeline"
+    )
+
+
+class Entity(BaseModel):
+    entity_group: str | None = Field(None, description="entity type (aggregated strategies)")
+    entity: str | None = Field(None, description="token tag (strategy none)")
+    index: int | None = Field(None, description="token index (strategy none)")
+    score: float
+    word: str
+    start: int | None = Field(description="character offset into the input text")
+    end: int | None
+
+
+class NerResponse(BaseModel):
+    model: str
+    results: list[list[Entity]]
+
+
+class QaInput(Strict):
+    question: str
+    context: str
+
+
+class QaRequest(Strict):
+    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)]
+    top_k: int = Field(1, ge=1, le=100, description="answers per input")
+    max_answer_len: int = Field(15, ge=1, le=512, description="longest answer, in tokens")
+    doc_stride: int | None = Field(
+        None, ge=0, description="overlap of consecutive context windows, in tokens; null: min(max_seq_len / 2, 128)"
+    )
+    max_seq_len: int | None = Field(
+        None, ge=8, description="window length in tokens; null: 384; capped by the model's max_length"
+    )
+    max_question_len: int = Field(64, ge=1, description="as transformers' question-answering pipeline")
+    handle_impossible_answer: bool = Field(False, description="allow an empty answer")
+
+
+class Answer(BaseModel):
+    score: float
+    start: int = Field(description="character offset into the context")
+    end: int
+    answer: str
+
+
+class QaResponse(BaseModel):
+    model: str
+    results: list[list[Answer]]
+
+
+class ModelInfo(BaseModel):
+    name: str
+    status: Literal["loading", "ready", "failed"]
+    error: str | None = None
+    task: str | None = None
+    architecture: str | None = None
+    labels: list[str] | None = None
+    problem_type: str | None = None
+    variant: str | None = None
+    provider: str | None = None
+    note: str | None = None
+    demo: bool = False
+    max_length: int | None = None
+    limits: dict[str, int | float | str]
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+REQUEST_FIELDS = frozenset(
+    name for model in (ClassifyRequest, TextPair, NerRequest, QaRequest, QaInput) for name in model.model_fields
+)
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="what went wrong, for a person")
+    error_type: str = Field(description="validation, bad_request, wrong_task, not_found, overloaded, timeout, ...")
+    field: str | None = Field(None, description="the offending field, where there is one")

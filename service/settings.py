@@ -1,0 +1,79 @@
+"""Every setting: a typed field with a default, an environment variable (BERTSERVE_*) and a CLI flag."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "BERTSERVE_"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        cli_prog_name="python -m service",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        extra="forbid",
+    )
+
+    repository: Path = Field(Path("models"), description="model repository: one folder per model")
+    models: list[str] | None = Field(None, description="serve only these entries (comma-separated); default all")
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in a container)")
+    port: int = Field(8000, ge=1, le=65535, description="port to listen on")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "auto", description="cuda: CUDA provider with the fp16 variant (CPU fallback if absent); auto: cuda if present"
+    )
+    cpu_variant: Literal["fp32", "int8"] = Field(
+        "fp32", description="variant on the CPU provider; int8 answers may move with the batch make-up"
+    )
+    threads: int = Field(0, ge=0, le=256, description="intra-op threads per session; 0: one per core")
+    max_batch_size: int = Field(32, ge=1, le=1024, description="most rows (sequences or windows) in one batch")
+    max_batch_tokens: int = Field(
+        8192, ge=64, le=1_048_576, description="most padded tokens (longest row x rows) in one batch"
+    )
+    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="longest wait for more work before a partial batch")
+    max_queue_rows: int = Field(2048, ge=1, le=1_000_000, description="rows queued per model before 429")
+    request_timeout_s: float = Field(30.0, gt=0, le=3600, description="per-request deadline; past it 504")
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="largest request body")
+    max_inputs_per_request: int = Field(64, ge=1, le=10_000, description="most inputs in one request")
+    max_chars_per_input: int = Field(20_000, ge=1, le=10_000_000, description="longest text, in characters")
+    token_overflow: Literal["truncate", "error"] = Field(
+        "truncate", description="classification inputs longer than the model's window: truncate, or answer 422"
+    )
+    load_failure: Literal["skip", "fail"] = Field(
+        "skip", description="a model that fails to load: serve the others and report it, or refuse to start"
+    )
+    warmup: bool = Field(True, description="run each model once per batch shape class before reporting ready")
+    tokenizer_threads: int = Field(2, ge=1, le=64, description="threads for tokenization and post-processing")
+    drain_timeout_s: float = Field(30.0, ge=0, le=3600, description="on SIGTERM, longest wait for work in flight")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Settings:
+        if self.max_batch_tokens < self.max_batch_size:
+            raise ValueError(
+                f"max_batch_tokens ({self.max_batch_tokens}) is below max_batch_size ({self.max_batch_size}): "
+                "no batch could ever be full"
+            )
+        if self.request_timeout_s * 1000 <= self.max_wait_ms:
+            raise ValueError("request_timeout_s must be longer than max_wait_ms, or every request times out")
+        return self
+
+    @property
+    def session_threads(self) -> int:
+        return self.threads or (os.cpu_count() or 1)
+
+
+for _name, _field in Settings.model_fields.items():
+    _field.description = f"{_field.description} [env {ENV_PREFIX}{_name.upper()}]"
+Settings.model_rebuild(force=True)
+
+
+def settings_from_cli(argv: list[str]) -> Settings:
+    """Defaults < environment < command line."""
+    return Settings(_cli_parse_args=argv)

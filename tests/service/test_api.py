@@ -1,0 +1,173 @@
+"""The REST API over real HTTP against a real uvicorn process: every endpoint, every architecture, every error."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.service.conftest import TINY_CELLS
+
+ERROR_KEYS = {"error", "error_type", "field"}
+
+
+def test_probes_and_model_list(tiny_server) -> None:
+    with tiny_server.client() as client:
+        assert client.get("/livez").json() == {"status": "alive"}
+        assert client.get("/readyz").status_code == 200
+        models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
+    assert set(models) == {f"{arch}-{task}" for arch, task in TINY_CELLS}
+    for name, info in models.items():
+        assert info["status"] == "ready" and info["provider"] == "CPUExecutionProvider" and info["variant"] == "fp32"
+        assert info["demo"] is False and info["max_length"] == 64
+        assert info["limits"]["max_inputs_per_request"] == 64
+        assert info["task"] == name.split("-")[1]
+    assert models["bert-ner"]["labels"][0] == "O"
+
+
+@pytest.mark.parametrize(("arch", "task"), TINY_CELLS)
+def test_every_architecture_and_task_answers(tiny_server, arch: str, task: str) -> None:
+    name = f"{arch}-{task}"
+    payload = {
+        "classification": {
+            "inputs": ["a gorgeous movie", {"text": "who won?", "text_pair": "Japan won."}],
+            "top_k": None,
+        },
+        "ner": {"inputs": ["Peter Blackburn met Maria Lopez in Brussels.", "nothing here"]},
+        "qa": {"inputs": [{"question": "Who met in Brussels?", "context": "Peter Blackburn met Maria in Brussels."}]},
+    }[task]
+    endpoint = {"classification": "classify", "ner": "ner", "qa": "qa"}[task]
+    with tiny_server.client() as client:
+        response = client.post(f"/v1/models/{name}/{endpoint}", json=payload)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == name
+    assert len(body["results"]) == len(payload["inputs"])
+    for header in ("x-total-time-ms", "x-tokenization-time-ms", "x-queue-time-ms", "x-inference-time-ms"):
+        assert float(response.headers[header]) >= 0
+    assert int(response.headers["x-inference-calls"]) >= 1
+    if task == "classification":
+        for labels in body["results"]:
+            assert [x["label"] for x in labels] and len(labels) == 3
+            assert abs(sum(x["score"] for x in labels) - 1) < 1e-5
+            assert [x["score"] for x in labels] == sorted((x["score"] for x in labels), reverse=True)
+    elif task == "qa":
+        answer = body["results"][0][0]
+        context = payload["inputs"][0]["context"]
+        assert context[answer["start"] : answer["end"]] == answer["answer"]
+    else:
+        for text, entities in zip(payload["inputs"], body["results"], strict=True):
+            for entity in entities:
+                assert 0 <= entity["start"] < entity["end"] <= len(text)
+
+
+def test_top_k_and_single_input(tiny_server) -> None:
+    with tiny_server.client() as client:
+        body = client.post("/v1/models/bert-classification/classify", json={"inputs": "fine", "top_k": 2}).json()
+    assert len(body["results"]) == 1 and len(body["results"][0]) == 2
+
+
+BAD_REQUESTS = [
+    # (method, path, kwargs, status, error_type, field)
+    (
+        "POST",
+        "/v1/models/bert-classification/classify",
+        {"content": b'{"inputs": ["unclosed"'},
+        400,
+        "bad_request",
+        None,
+    ),
+    (
+        "POST",
+        "/v1/models/bert-classification/classify",
+        {"content": b'{"inputs": ["\xff\xfe bad utf-8"]}'},
+        400,
+        "bad_request",
+        None,
+    ),
+    ("POST", "/v1/models/bert-classification/classify", {"json": {"inputs": 42}}, 422, "validation", "inputs"),
+    ("POST", "/v1/models/bert-classification/classify", {"json": {"inputs": []}}, 422, "validation", "inputs"),
+    (
+        "POST",
+        "/v1/models/bert-classification/classify",
+        {"json": {"inputs": ["x"], "top_k": 0}},
+        422,
+        "validation",
+        "top_k",
+    ),
+    ("POST", "/v1/models/bert-classification/classify", {"json": {"text": "x"}}, 422, "validation", "inputs"),
+    (
+        "POST",
+        "/v1/models/bert-ner/ner",
+        {"json": {"inputs": ["x"], "aggregation_strategy": "best"}},
+        422,
+        "validation",
+        "aggregation_strategy",
+    ),
+    ("POST", "/v1/models/bert-qa/qa", {"json": {"inputs": [{"question": "q"}]}}, 422, "validation", "inputs.0.context"),
+    ("POST", "/v1/models/no-such-model/classify", {"json": {"inputs": ["x"]}}, 404, "not_found", None),
+    ("GET", "/v1/models/no-such-model", {}, 404, "not_found", None),
+    ("POST", "/v1/models/bert-ner/classify", {"json": {"inputs": ["x"]}}, 400, "wrong_task", None),
+    ("POST", "/v1/models/bert-qa/ner", {"json": {"inputs": ["x"]}}, 400, "wrong_task", None),
+    ("GET", "/v1/models/bert-classification/classify", {}, 405, "method_not_allowed", None),
+    ("GET", "/v2/nothing", {}, 404, "not_found", None),
+    ("POST", "/v1/models/bert-ner/ner", {"json": {"inputs": ["x" * 100_000]}}, 422, "validation", "inputs.0"),
+    ("POST", "/v1/models/bert-classification/classify", {"json": {"inputs": ["x"] * 65}}, 422, "validation", "inputs"),
+    (
+        "POST",
+        "/v1/models/bert-classification/classify",
+        {"content": b'{"inputs": ["' + b"a" * 3_000_000 + b'"]}'},
+        413,
+        "payload_too_large",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "kwargs", "status", "error_type", "field"), BAD_REQUESTS)
+def test_bad_requests_get_the_right_status_and_one_error_shape(
+    tiny_server, method, path, kwargs, status, error_type, field
+) -> None:
+    headers = {"content-type": "application/json"} if "content" in kwargs else {}
+    with tiny_server.client() as client:
+        response = client.request(method, path, headers=headers, **kwargs)
+        assert response.status_code == status, response.text
+        body = response.json()
+        assert set(body) == ERROR_KEYS
+        assert body["error_type"] == error_type
+        assert body["field"] == field
+        assert body["error"] and "Traceback" not in body["error"] and "/work/" not in body["error"]
+        # the server keeps serving
+        assert client.get("/readyz").status_code == 200
+        ok = client.post("/v1/models/bert-classification/classify", json={"inputs": ["still fine"]})
+        assert ok.status_code == 200
+
+
+def test_metrics_are_exposed_in_prometheus_format(tiny_server) -> None:
+    with tiny_server.client() as client:
+        client.post("/v1/models/bert-classification/classify", json={"inputs": ["count me"]})
+        client.post("/v1/models/no-such/classify", json={"inputs": ["count me"]})
+        text = client.get("/metrics").text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    for name in (
+        "bertserve_requests",
+        "bertserve_request_duration_seconds",
+        "bertserve_queue_duration_seconds",
+        "bertserve_tokenization_duration_seconds",
+        "bertserve_inference_duration_seconds",
+        "bertserve_batch_size",
+        "bertserve_batch_tokens",
+        "bertserve_batch_padding_ratio",
+        "bertserve_queue_depth",
+        "bertserve_model_info",
+        "bertserve_model_ready",
+    ):
+        assert name in families, name
+    requests = {
+        (s.labels["model"], s.labels["endpoint"], s.labels["status"]): s.value
+        for s in families["bertserve_requests"].samples
+        if s.name == "bertserve_requests_total"
+    }
+    assert requests[("bert-classification", "classify", "200")] >= 1
+    assert requests[("unknown", "classify", "404")] >= 1
+    info = [s for s in families["bertserve_model_info"].samples if s.labels["model"] == "bert-classification"]
+    assert info[0].labels["provider"] == "CPUExecutionProvider" and info[0].labels["variant"] == "fp32"

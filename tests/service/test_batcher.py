@@ -1,0 +1,197 @@
+"""The batcher alone: rows are plain sized objects, the runner a Python function."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from service.batcher import Batcher, Ticket
+from service.errors import DeadlineExceeded, InferenceFailed, Overloaded
+
+
+@dataclass(frozen=True)
+class FakeRow:
+    tag: str
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class Recorder:
+    def __init__(self, delay: float = 0.0, fail_on: str | None = None) -> None:
+        self.batches: list[list[FakeRow]] = []
+        self.delay = delay
+        self.fail_on = fail_on
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, rows: list[FakeRow]) -> list[str]:
+        self.gate.wait(5)
+        self.batches.append(rows)
+        time.sleep(self.delay)
+        if self.fail_on and any(row.tag == self.fail_on for row in rows):
+            raise RuntimeError("kaboom")
+        return [f"out:{row.tag}" for row in rows]
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, int, int]] = []
+        self.depths: list[int] = []
+
+    def on_batch(self, rows: int, padded_tokens: int, real_tokens: int, seconds: float) -> None:
+        self.batches.append((rows, padded_tokens, real_tokens))
+
+    def on_queue_depth(self, rows: int) -> None:
+        self.depths.append(rows)
+
+
+def run(coroutine_factory, **batcher_options):
+    async def main():
+        runner = batcher_options.pop("runner", Recorder())
+        observer = Observer()
+        options = {"max_batch_size": 8, "max_batch_tokens": 1024, "max_wait_s": 0.02, "max_queue_rows": 100}
+        options.update(batcher_options)
+        batcher = Batcher("test", runner, observer=observer, **options)
+        batcher.start()
+        try:
+            return await coroutine_factory(batcher, runner, observer)
+        finally:
+            await batcher.stop()
+
+    return asyncio.run(main())
+
+
+def rows(prefix: str, lengths: list[int]) -> list[FakeRow]:
+    return [FakeRow(f"{prefix}{i}", n) for i, n in enumerate(lengths)]
+
+
+def test_concurrent_requests_get_their_own_answers_in_order_with_fewer_calls() -> None:
+    async def scenario(batcher, runner, _):
+        requests = [rows(f"r{k}-", [5 + k, 3, 9]) for k in range(6)]
+        answers = await asyncio.gather(*(batcher.submit(r, Ticket.with_timeout(5)) for r in requests))
+        return requests, answers, runner.batches
+
+    requests, answers, batches = run(scenario)
+    for request, answer in zip(requests, answers, strict=True):
+        assert answer == [f"out:{row.tag}" for row in request]
+    assert len(batches) < len(requests)
+    assert sum(len(b) for b in batches) == 18
+
+
+def test_batches_respect_token_budget_and_size() -> None:
+    async def scenario(batcher, runner, observer):
+        lengths = [10, 200, 15, 180, 12, 190, 11, 14, 17, 16, 13, 195]
+        await batcher.submit(rows("x", lengths), Ticket.with_timeout(5))
+        return runner.batches, observer.batches
+
+    batches, observed = run(scenario, max_batch_size=4, max_batch_tokens=400)
+    for batch in batches:
+        assert len(batch) <= 4
+        assert max(len(r) for r in batch) * len(batch) <= 400
+    # length grouping: short rows are not padded to the long ones
+    assert all(max(map(len, b)) < 100 or min(map(len, b)) > 100 for b in batches)
+    assert sum(real for _, _, real in observed) == 10 + 200 + 15 + 180 + 12 + 190 + 11 + 14 + 17 + 16 + 13 + 195
+    assert all(padded >= real for _, padded, real in observed)
+
+
+def test_many_rows_spread_over_batches_come_back_in_order() -> None:
+    async def scenario(batcher, runner, _):
+        request = rows("w", [30 - (i % 7) for i in range(40)])
+        answer = await batcher.submit(request, Ticket.with_timeout(5))
+        return request, answer, runner.batches
+
+    request, answer, batches = run(scenario, max_batch_size=8, max_batch_tokens=4096)
+    assert answer == [f"out:{row.tag}" for row in request]
+    assert len(batches) == 5
+
+
+def test_full_queue_is_refused_at_once() -> None:
+    async def scenario(batcher, runner, _):
+        runner.gate.clear()  # the first batch blocks in the runner; everything else queues
+        first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        blocked = asyncio.create_task(batcher.submit(rows("b", [5] * 8), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded) as refused:
+            await batcher.submit(rows("c", [5] * 3), Ticket.with_timeout(5))
+        runner.gate.set()
+        await asyncio.gather(first, blocked)
+        return refused.value
+
+    error = run(scenario, max_queue_rows=10)
+    assert error.status_code == 429 and error.headers["Retry-After"]
+
+
+def test_deadline_drops_work_that_has_not_run() -> None:
+    async def scenario(batcher, runner, _):
+        runner.gate.clear()
+        first = asyncio.create_task(batcher.submit(rows("slow", [5]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        with pytest.raises(DeadlineExceeded):
+            await batcher.submit(rows("late", [5, 5]), Ticket.with_timeout(0.1))
+        runner.gate.set()
+        await first
+        after = await batcher.submit(rows("next", [5]), Ticket.with_timeout(5))
+        return after, runner.batches
+
+    after, batches = run(scenario)
+    assert after == ["out:next0"]
+    assert not any(row.tag.startswith("late") for batch in batches for row in batch)
+
+
+def test_cancelled_tickets_are_skipped() -> None:
+    async def scenario(batcher, runner, _):
+        runner.gate.clear()
+        first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        gone = Ticket.with_timeout(5)
+        abandoned = asyncio.create_task(batcher.submit(rows("gone", [5, 6]), gone))
+        await asyncio.sleep(0.01)
+        gone.cancelled = True  # the client went away
+        abandoned.cancel()
+        runner.gate.set()
+        await first
+        await batcher.submit(rows("b", [5]), Ticket.with_timeout(5))
+        return runner.batches
+
+    batches = run(scenario)
+    assert not any(row.tag.startswith("gone") for batch in batches for row in batch)
+
+
+def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on() -> None:
+    async def scenario(batcher, runner, _):
+        with pytest.raises(InferenceFailed):
+            await batcher.submit(rows("bad", [5]), Ticket.with_timeout(5))
+        return await batcher.submit(rows("good", [5]), Ticket.with_timeout(5))
+
+    assert run(scenario, runner=Recorder(fail_on="bad0")) == ["out:good0"]
+
+
+def test_requests_close_in_time_share_a_batch() -> None:
+    async def scenario(batcher, runner, _):
+        first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(batcher.submit(rows("b", [6]), Ticket.with_timeout(5)))
+        await asyncio.gather(first, second)
+        return runner.batches
+
+    batches = run(scenario, max_wait_s=0.2)
+    assert len(batches) == 1 and len(batches[0]) == 2
+
+
+def test_ticket_timings() -> None:
+    async def scenario(batcher, runner, _):
+        ticket = Ticket.with_timeout(5)
+        await batcher.submit(rows("t", [5] * 20), ticket)
+        return ticket
+
+    ticket = run(scenario, runner=Recorder(delay=0.01), max_batch_size=8)
+    assert ticket.inference_calls == 3
+    assert ticket.inference_seconds >= 0.03
+    assert ticket.queue_seconds > 0

@@ -1,0 +1,100 @@
+"""Loading the repository: placement of each model, and what happens when one of them cannot load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from service.runtime import CPU, CUDA, choose_placement
+from service.settings import Settings
+from service.tasks import classification
+from tests.service.conftest import ROOT
+
+VARIANTS = {"fp32": {}, "fp16": {}, "int8": {}}
+
+
+@pytest.mark.parametrize(
+    ("device", "available", "cpu_variant", "expected"),
+    [
+        ("auto", [CPU], "fp32", (CPU, "fp32", None)),
+        ("auto", [CUDA, CPU], "fp32", (CUDA, "fp16", None)),
+        ("cuda", [CUDA, CPU], "int8", (CUDA, "fp16", None)),
+        ("cpu", [CUDA, CPU], "int8", (CPU, "int8", None)),
+        ("cuda", [CPU], "fp32", (CPU, "fp32", "CUDA was requested but onnxruntime has no CUDA provider here")),
+    ],
+)
+def test_placement(device: str, available: list[str], cpu_variant: str, expected: tuple) -> None:
+    placement = choose_placement(Settings(device=device, cpu_variant=cpu_variant), VARIANTS, available)
+    assert (placement.provider, placement.variant, placement.note) == expected
+
+
+def test_cpu_variant_falls_back_to_fp32_when_the_entry_has_no_int8() -> None:
+    placement = choose_placement(Settings(device="cpu", cpu_variant="int8"), {"fp32": {}}, [CPU])
+    assert placement.variant == "fp32"
+
+
+def test_classification_scores_follow_the_problem_type() -> None:
+    logits = np.array([2.0, 0.0, -1.0], dtype=np.float32)
+    single = classification.postprocess(logits, ["a", "b", "c"], "single_label_classification", None)
+    assert [x["label"] for x in single] == ["a", "b", "c"] and abs(sum(x["score"] for x in single) - 1) < 1e-9
+    multi = classification.postprocess(logits, ["a", "b", "c"], "multi_label_classification", 2)
+    assert [round(x["score"], 4) for x in multi] == [0.8808, 0.5]
+
+
+@pytest.fixture(scope="module")
+def repository_with_a_broken_entry(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repository = tmp_path_factory.mktemp("broken-repository")
+    shutil.copytree(tiny_repository / "bert-classification", repository / "good")
+    shutil.copytree(tiny_repository / "bert-ner", repository / "broken")
+    (repository / "broken" / "model.fp32.onnx").write_bytes(b"not an onnx graph")
+    (repository / ".half-written.staging-x").mkdir()  # an export in progress: not an entry
+    return repository
+
+
+def test_a_model_that_fails_to_load_is_reported_and_the_rest_served(repository_with_a_broken_entry, server_factory):
+    server = server_factory(repository_with_a_broken_entry)
+    with server.client() as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["failed"] == ["broken"]
+        models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
+        assert set(models) == {"good", "broken"}
+        assert models["broken"]["status"] == "failed"
+        assert "Protobuf parsing failed" in models["broken"]["error"]
+        assert str(repository_with_a_broken_entry) not in models["broken"]["error"]
+        response = client.post("/v1/models/broken/ner", json={"inputs": ["x"]})
+        assert response.status_code == 503 and response.json()["error_type"] == "unavailable"
+        assert client.post("/v1/models/good/classify", json={"inputs": ["x"]}).status_code == 200
+    assert "model broken failed to load" in server.log()
+
+
+def test_load_failure_fail_refuses_to_start(repository_with_a_broken_entry, server_factory) -> None:
+    server = server_factory(repository_with_a_broken_entry, "--load-failure", "fail", wait_ready=False)
+    assert server.process.wait(60) != 0
+    assert "model broken failed to load" in server.log()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(server.url + "/livez", timeout=1)
+
+
+def test_batch_budget_below_a_models_length_is_refused(tiny_repository: Path, tmp_path: Path) -> None:
+    shutil.copytree(tiny_repository / "bert-qa", tmp_path / "long")
+    config = json.loads((tmp_path / "long" / "model.json").read_text())
+    (tmp_path / "long" / "model.json").write_text(json.dumps({**config, "max_length": 128}))
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "--repository", str(tmp_path), "--max-batch-tokens", "100"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: max_batch_tokens (100) is below model long's max_length (128): a full-length input could never "
+        "be batched"
+    )

@@ -1,0 +1,131 @@
+"""Served answers equal transformers pipelines run with PyTorch on the same checkpoints (tiny and real)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+import torch
+from transformers import pipeline
+
+from benchmarks.realdata import SHARED, conll03, shared_available, sst2
+from export.pipeline import export_checkpoint
+from tests.service.conftest import Server
+
+ARCHS = ("bert", "roberta", "albert", "distilbert")
+CLASSIFY_TEXTS = [
+    "A gorgeous, witty, seductive movie.",
+    "The plot is thin and the jokes fall flat.",
+    "São Paulo's   museum -- 1,200 visitors!",
+    "",
+]
+NER_TEXTS = [
+    "Peter Blackburn met Maria Lopez in Brussels on Tuesday.",
+    "EU rejects German call to boycott British lamb.",
+    "Nadim Ladki scored twice as Japan beat Syria 2-1 in the Asian Cup in Al-Ain.",
+    "no entities here at all",
+]
+
+
+@cache
+def classifier(checkpoint: str):
+    return pipeline(
+        "text-classification", model=checkpoint, model_kwargs={"attn_implementation": "eager", "dtype": torch.float32}
+    )
+
+
+@cache
+def tagger(checkpoint: str, strategy: str):
+    return pipeline(
+        "token-classification",
+        model=checkpoint,
+        aggregation_strategy=strategy,
+        model_kwargs={"attn_implementation": "eager", "dtype": torch.float32},
+    )
+
+
+def assert_same_labels(served: list[dict], expected: list[dict], keys: tuple[str, ...]) -> None:
+    assert len(served) == len(expected), (served, expected)
+    for got, want in zip(served, expected, strict=True):
+        for key in keys:
+            assert got[key] == want[key], (key, got, want)
+        assert abs(got["score"] - float(want["score"])) <= 1e-4, (got, want)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_classification_equals_the_pipeline(tiny_server: Server, tiny_checkpoint, arch: str) -> None:
+    reference = classifier(str(tiny_checkpoint(arch, "classification")))
+    with tiny_server.client() as client:
+        served = client.post(
+            f"/v1/models/{arch}-classification/classify", json={"inputs": CLASSIFY_TEXTS, "top_k": None}
+        ).json()["results"]
+    for text, got in zip(CLASSIFY_TEXTS, served, strict=True):
+        assert_same_labels(got, reference(text, top_k=None), ("label",))
+
+
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ner_equals_the_pipeline(tiny_server: Server, tiny_checkpoint, arch: str, strategy: str) -> None:
+    reference = tagger(str(tiny_checkpoint(arch, "ner")), strategy)
+    with tiny_server.client() as client:
+        response = client.post(
+            f"/v1/models/{arch}-ner/ner", json={"inputs": NER_TEXTS, "aggregation_strategy": strategy}
+        )
+    assert response.status_code == 200, response.text
+    keys = (
+        ("entity", "index", "word", "start", "end") if strategy == "none" else ("entity_group", "word", "start", "end")
+    )
+    compared = 0
+    for text, got in zip(NER_TEXTS, response.json()["results"], strict=True):
+        got = [{k: v for k, v in entity.items() if v is not None} for entity in got]
+        want = reference(text)
+        assert_same_labels(got, want, keys)
+        compared += len(want)
+    assert compared > 0, "the tiny model found no entity at all: nothing was compared"
+
+
+# ---- real checkpoints -------------------------------------------------------------------------------------
+
+needs_shared = pytest.mark.skipif(not shared_available(), reason="../shared (real checkpoints and data) is absent")
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory: pytest.TempPathFactory, server_factory) -> Server:
+    repository = tmp_path_factory.mktemp("real-repository")
+    for name in ("minilm-bert-sst2", "minilm-bert-conll03", "minilm-distilbert-sst2"):
+        export_checkpoint(str(SHARED / "models" / name), name, repository, variants="fp32")
+    return server_factory(repository)
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["minilm-bert-sst2", "minilm-distilbert-sst2"])
+def test_real_sst2_equals_the_pipeline(real_server: Server, name: str) -> None:
+    sentences = [sentence for sentence, _ in sst2(96)]
+    reference = classifier(str(SHARED / "models" / name))
+    served = []
+    with real_server.client() as client:
+        for start in range(0, len(sentences), 32):  # within the 64-inputs-per-request limit
+            chunk = sentences[start : start + 32]
+            served += client.post(f"/v1/models/{name}/classify", json={"inputs": chunk, "top_k": None}).json()[
+                "results"
+            ]
+    for sentence, got in zip(sentences, served, strict=True):
+        assert_same_labels(got, reference(sentence, top_k=None), ("label",))
+
+
+@needs_shared
+@pytest.mark.parametrize("strategy", ["simple", "first", "max"])
+def test_real_conll_equals_the_pipeline(real_server: Server, strategy: str) -> None:
+    texts = [" ".join(words) for words, _ in conll03(40)]
+    reference = tagger(str(SHARED / "models" / "minilm-bert-conll03"), strategy)
+    with real_server.client() as client:
+        response = client.post(
+            "/v1/models/minilm-bert-conll03/ner", json={"inputs": texts, "aggregation_strategy": strategy}
+        )
+    total = 0
+    for text, got in zip(texts, response.json()["results"], strict=True):
+        want = reference(text)
+        got = [{k: v for k, v in entity.items() if v is not None} for entity in got]
+        assert_same_labels(got, want, ("entity_group", "word", "start", "end"))
+        total += len(want)
+    assert total > 20

@@ -1,0 +1,75 @@
+"""Settings: defaults < environment < command line; unsafe values refused with the reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from service.settings import Settings, settings_from_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_environment_then_command_line(monkeypatch) -> None:
+    monkeypatch.setenv("BERTSERVE_MAX_BATCH_SIZE", "7")
+    monkeypatch.setenv("BERTSERVE_CPU_VARIANT", "int8")
+    assert Settings().max_batch_size == 7
+    settings = settings_from_cli(["--max-batch-size", "9", "--no-warmup", "--models", "a,b"])
+    assert settings.max_batch_size == 9 and settings.cpu_variant == "int8"
+    assert settings.warmup is False and settings.models == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"max_batch_tokens": 100, "max_batch_size": 200}, "no batch could ever be full"),
+        ({"request_timeout_s": 0.001, "max_wait_ms": 5}, "every request times out"),
+        ({"port": 70000}, "less than or equal to 65535"),
+        ({"device": "tpu"}, "'cpu', 'cuda' or 'auto'"),
+        ({"max_queue_rows": 0}, "greater than or equal to 1"),
+    ],
+)
+def test_unsafe_values_are_refused(values: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(**values)
+
+
+def test_help_lists_every_setting_with_its_environment_variable() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0
+    for name in Settings.model_fields:
+        assert f"--{name.replace('_', '-')}" in done.stdout
+        assert f"BERTSERVE_{name.upper()}" in done.stdout
+
+
+def test_bad_flag_value_exits_with_the_reason() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "--max-batch-size", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == "error: invalid setting max_batch_size: Input should be greater than or equal to 1"
+
+
+def test_missing_repository_is_refused_with_the_reason(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "--repository", str(tmp_path / "nowhere")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        == f"error: model repository {tmp_path / 'nowhere'} does not exist (build one: python -m export ...)"
+    )
