@@ -78,6 +78,7 @@ def conll03(limit: int | None = None) -> list[tuple[list[str], list[str]]]:
         tags.append(tag)
     if words:
         sentences.append((words, tags))
+    sentences = [(w, t) for w, t in sentences if w != ["-DOCSTART-"]]  # document separators, not sentences
     return sentences[:limit]
 
 

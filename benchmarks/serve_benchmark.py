@@ -1,0 +1,210 @@
+"""Serving throughput on the real MiniLM SST-2 checkpoint and the 872 SST-2 dev sentences, in one run:
+
+1. the raw onnxruntime session on the same inputs (the ceiling): batch 1, batch 16 in data order, batch 16
+   sorted by length;
+2. the service end to end over HTTP (`python -m service`), concurrent keep-alive clients at saturation;
+3. a FastAPI server wrapping transformers.pipeline (PyTorch fp32), what a user would write by hand;
+each with requests of 1 input and of 16 inputs. Client and servers share this machine's cores.
+
+    python -m benchmarks.serve_benchmark [--seconds 20] [--clients-1 16] [--clients-16 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+from prometheus_client.parser import text_string_to_metric_families
+from transformers import AutoTokenizer
+
+from benchmarks.loadclient import run_load
+from benchmarks.realdata import ROOT, SHARED, shared_available, sst2
+from export.cli import quiet_libraries
+from export.pipeline import export_checkpoint
+
+MODEL = "minilm-bert-sst2"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def raw_session(entry: Path, sentences: list[str], threads: int) -> dict:
+    tokenizer = AutoTokenizer.from_pretrained(str(entry))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(entry / "model.fp32.onnx"), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(batches: list[list[str]]) -> float:
+        encoded = [tokenizer(b, padding=True, truncation=True, return_tensors="np") for b in batches]
+        feeds = [{n: e[n].astype(np.int64) for n in names} for e in encoded]
+        session.run(None, feeds[0])
+        started = time.perf_counter()
+        for feed in feeds:
+            session.run(None, feed)
+        return sum(len(b) for b in batches) / (time.perf_counter() - started)
+
+    by_length = sorted(sentences, key=lambda s: len(tokenizer(s)["input_ids"]))
+    return {
+        "batch 1": run([[s] for s in sentences[:300]]),
+        "batch 16, data order": run([sentences[i : i + 16] for i in range(0, len(sentences), 16)]),
+        "batch 16, sorted by length": run([by_length[i : i + 16] for i in range(0, len(by_length), 16)]),
+    }
+
+
+def scrape(url: str) -> dict[str, float]:
+    wanted = {"bertserve_batch_size_count", "bertserve_batch_padded_tokens_total", "bertserve_batch_real_tokens_total"}
+    totals = dict.fromkeys(wanted, 0.0)
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                totals[sample.name] += sample.value
+    return totals
+
+
+def wait_for(url: str, probe: str, process: subprocess.Popen, body: dict | None = None) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"server exited with {process.returncode}")
+        try:
+            response = httpx.post(url + probe, json=body) if body else httpx.get(url + probe)
+            if response.status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} not ready")
+
+
+def load_cases(sentences: list[str], path: str, args: argparse.Namespace) -> dict[str, tuple]:
+    singles = [{"inputs": [s]} for s in sentences]
+    sixteens = [{"inputs": sentences[i : i + 16]} for i in range(0, len(sentences) - 15, 16)]
+    return {
+        "1 input": (path, singles, [1] * len(singles), args.clients_1),
+        "16 inputs": (path, sixteens, [16] * len(sixteens), args.clients_16),
+    }
+
+
+def measure(url: str, cases: dict[str, tuple], seconds: float, with_metrics: bool) -> dict:
+    results = {}
+    for label, (path, bodies, sizes, clients) in cases.items():
+        run_load(url, path, bodies, sizes, clients, 2.0)  # warm-up
+        before = scrape(url) if with_metrics else None
+        load = run_load(url, path, bodies, sizes, clients, seconds)
+        row = {"clients": clients, **load.summary()}
+        if with_metrics:
+            after = scrape(url)
+            batches = after["bertserve_batch_size_count"] - before["bertserve_batch_size_count"]
+            real = after["bertserve_batch_real_tokens_total"] - before["bertserve_batch_real_tokens_total"]
+            padded = after["bertserve_batch_padded_tokens_total"] - before["bertserve_batch_padded_tokens_total"]
+            row["inference_calls_per_request"] = round(batches / max(load.requests, 1), 3)
+            row["rows_per_batch"] = round(load.sequences / max(batches, 1), 1)
+            row["padding_ratio"] = round(padded / max(real, 1), 3)
+        results[label] = row
+        print(f"  {label}: {json.dumps(row)}", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--clients-1", type=int, default=16, help="connections for 1-input requests")
+    parser.add_argument("--clients-16", type=int, default=6, help="connections for 16-input requests")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertserve-serve-bench"))
+    parser.add_argument("--server-args", default="", help="extra settings for python -m service")
+    parser.add_argument("--skip-pipeline", action="store_true")
+    args = parser.parse_args()
+    if not shared_available():
+        raise SystemExit("../shared is absent: the real checkpoints and data are needed")
+    quiet_libraries()
+    checkpoint = SHARED / "models" / MODEL
+    repository = args.workdir / "models"
+    if not (repository / MODEL / "model.json").is_file():
+        export_checkpoint(str(checkpoint), MODEL, repository, variants="fp32,int8")
+    sentences = [s for s, _ in sst2()]
+    report: dict = {"cores": os.cpu_count(), "sentences": len(sentences)}
+
+    print("raw onnxruntime session (sequences/s):", flush=True)
+    report["raw"] = {k: round(v, 1) for k, v in raw_session(repository / MODEL, sentences, os.cpu_count()).items()}
+    print(f"  {report['raw']}", flush=True)
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable,
+        "-m",
+        "service",
+        "--repository",
+        str(repository),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *args.server_args.split(),
+    ]
+    print(f"service: {' '.join(command[1:])}", flush=True)
+    server = subprocess.Popen(command, cwd=ROOT, env=env)
+    try:
+        wait_for(url, "/readyz", server)
+        report["service"] = measure(
+            url, load_cases(sentences, f"/v1/models/{MODEL}/classify", args), args.seconds, True
+        )
+    finally:
+        server.terminate()
+        server.wait(30)
+
+    if not args.skip_pipeline:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        print("pipeline server: FastAPI + transformers.pipeline (PyTorch fp32)", flush=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.pipeline_server", str(checkpoint), "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+        )
+        try:
+            wait_for(url, "/classify", server, {"inputs": ["warm"]})
+            report["pipeline"] = measure(url, load_cases(sentences, "/classify", args), args.seconds, False)
+        finally:
+            server.terminate()
+            server.wait(30)
+
+    ceiling = report["raw"]["batch 16, sorted by length"]
+    print("\n| server | request | clients | sequences/s | p50 ms | p99 ms | calls/request | padding ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for server_name in ("service", "pipeline"):
+        for label, row in report.get(server_name, {}).items():
+            print(
+                f"| {server_name} | {label} | {row['clients']} | {row['sequences_per_s']} | {row['p50_ms']} | "
+                f"{row['p99_ms']} | {row.get('inference_calls_per_request', '-')} | {row.get('padding_ratio', '-')} |"
+            )
+    print(f"\nraw session: {report['raw']}")
+    service16 = report["service"]["16 inputs"]["sequences_per_s"]
+    print(f"service 16-input / raw sorted batch-16 ceiling: {service16 / ceiling:.1%}")
+    print(f"service 16-input / raw data-order batch-16: {service16 / report['raw']['batch 16, data order']:.1%}")
+    if "pipeline" in report:
+        for label in ("1 input", "16 inputs"):
+            ratio = report["service"][label]["sequences_per_s"] / report["pipeline"][label]["sequences_per_s"]
+            print(f"service / pipeline server, {label}: {ratio:.2f}x")
+    out = ROOT / "reports" / "serve_benchmark.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"written: {out}")
+
+
+if __name__ == "__main__":
+    main()
