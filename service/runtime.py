@@ -41,11 +41,20 @@ class ModelRuntime:
 
     def __init__(self, entry: Path, config: dict[str, Any], settings: Settings) -> None:
         self.placement = choose_placement(settings, config["variants"], ort.get_available_providers())
-        self.session = self._open(entry, config, settings)
-        if self.session.get_providers()[0] != self.placement.provider:  # CUDA present but could not start
-            self.placement = Placement(
-                self.placement.variant, CPU, note=f"{CUDA} failed to initialise; running on the CPU"
-            )
+        try:
+            self.session = self._open(entry, config, settings)
+            started = self.session.get_providers()[0] == self.placement.provider
+        except Exception as exc:  # the CUDA provider can fail outright (no device, missing libraries)
+            if self.placement.provider != CUDA:
+                raise
+            started, reason = False, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        else:
+            reason = "onnxruntime fell back to the CPU"
+        if not started:  # onnxruntime-gpu lists CUDA even where no GPU can be used: run the CPU variant instead
+            cpu = choose_placement(settings.model_copy(update={"device": "cpu"}), config["variants"], [CPU])
+            self.placement = Placement(cpu.variant, CPU, note=f"{CUDA} could not start ({reason}); running on the CPU")
+            log.warning("%s: %s", entry.name, self.placement.note)
+            self.session = self._open(entry, config, settings)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = list(config["outputs"])
         self.per_token = config["task"] != "classification"

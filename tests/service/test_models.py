@@ -98,3 +98,17 @@ def test_batch_budget_below_a_models_length_is_refused(tiny_repository: Path, tm
         "error: max_batch_tokens (100) is below model long's max_length (128): a full-length input could never "
         "be batched"
     )
+
+
+def test_cuda_that_cannot_start_falls_back_to_the_cpu_variant_and_says_so(tiny_repository: Path, monkeypatch):
+    """onnxruntime-gpu lists the CUDA provider even on a machine without a GPU (the gpu image on a CPU host)."""
+    from service import runtime
+
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [CUDA, CPU])
+    entry = tiny_repository / "bert-qa"
+    config = json.loads((entry / "model.json").read_text())
+    model = runtime.ModelRuntime(entry, config, Settings(device="auto", cpu_variant="int8"))
+    assert (model.provider, model.variant) == (CPU, "int8")
+    assert model.placement.note.startswith("CUDAExecutionProvider could not start")
+    rows = [runtime.Row(np.array([2, 7, 9, 3], dtype=np.int64), np.zeros(4, dtype=np.int64))]
+    assert model.run(rows)[0]["start_logits"].shape == (4,)
