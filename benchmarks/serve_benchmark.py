@@ -65,7 +65,14 @@ def raw_session(entry: Path, sentences: list[str], threads: int) -> dict:
 
 
 def scrape(url: str) -> dict[str, float]:
-    wanted = {"bertserve_batch_size_count", "bertserve_batch_padded_tokens_total", "bertserve_batch_real_tokens_total"}
+    wanted = {
+        "bertserve_batch_size_count",
+        "bertserve_batch_padded_tokens_total",
+        "bertserve_batch_real_tokens_total",
+        "bertserve_inference_duration_seconds_sum",
+        "bertserve_tokenization_duration_seconds_sum",
+        "bertserve_queue_duration_seconds_sum",
+    }
     totals = dict.fromkeys(wanted, 0.0)
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
         for sample in family.samples:
@@ -113,6 +120,11 @@ def measure(url: str, cases: dict[str, tuple], seconds: float, with_metrics: boo
             row["inference_calls_per_request"] = round(batches / max(load.requests, 1), 3)
             row["rows_per_batch"] = round(load.sequences / max(batches, 1), 1)
             row["padding_ratio"] = round(padded / max(real, 1), 3)
+            busy = (
+                after["bertserve_inference_duration_seconds_sum"] - before["bertserve_inference_duration_seconds_sum"]
+            )
+            row["inference_busy"] = round(busy / load.seconds, 3)  # share of wall time the session was running
+            row["real_tokens_per_s"] = round(real / load.seconds, 1)
         results[label] = row
         print(f"  {label}: {json.dumps(row)}", flush=True)
     return results

@@ -1,8 +1,9 @@
 """Dynamic batching per model. Knows nothing of HTTP or ONNX: rows in, a runner called on batches, outputs back.
 
 - Queued rows are grouped by length: a batch forms around the oldest row, taking the rows nearest to it in
-  length, while the padded cost (longest row x rows) stays within `max_batch_tokens` and the row count within
-  `max_batch_size`.
+  length, while the padded cost (longest row x rows) stays within `max_batch_tokens`, the row count within
+  `max_batch_size`, and padded / real tokens within `max_padding_ratio` (padding is computed for nothing: on
+  a CPU a smaller batch of like lengths beats a bigger one padded to its longest row).
 - A partial batch waits at most `max_wait_s` after its oldest row arrived, unless the queue can already fill one.
 - The queue is bounded (`max_queue_rows`): past it, `Overloaded` at once. Every request has a deadline: past it
   the request gets `DeadlineExceeded` and its rows that have not run are dropped. Rows of requests whose client
@@ -74,6 +75,7 @@ class Batcher:
         max_batch_tokens: int,
         max_wait_s: float,
         max_queue_rows: int,
+        max_padding_ratio: float = float("inf"),
         observer: BatchObserver | None = None,
     ) -> None:
         self.name = name
@@ -82,6 +84,7 @@ class Batcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_s
         self.max_queue_rows = max_queue_rows
+        self.max_padding_ratio = max_padding_ratio
         self._observer = observer
         self._pending: list[_Item] = []
         self._wakeup = asyncio.Event()
@@ -173,16 +176,19 @@ class Batcher:
         by_length = sorted(self._pending, key=lambda item: (item.length, item.enqueued))
         oldest = min(self._pending, key=lambda item: item.enqueued)
         low = high = by_length.index(oldest)
+        real = oldest.length
         while high - low + 1 < self.max_batch_size:
             left = by_length[low - 1] if low > 0 else None
             right = by_length[high + 1] if high + 1 < len(by_length) else None
             count = high - low + 2
-            fits_left = left is not None and by_length[high].length * count <= self.max_batch_tokens
-            fits_right = right is not None and right.length * count <= self.max_batch_tokens
+            fits_left = left is not None and self._fits(by_length[high].length, count, real + left.length)
+            fits_right = right is not None and self._fits(right.length, count, real + right.length)
             if fits_left and (not fits_right or oldest.length - left.length <= right.length - oldest.length):
                 low -= 1
+                real += left.length
             elif fits_right:
                 high += 1
+                real += right.length
             else:
                 break
         batch = by_length[low : high + 1]
@@ -190,6 +196,10 @@ class Batcher:
         self._pending = [item for item in self._pending if id(item) not in chosen]
         self._report_depth()
         return batch
+
+    def _fits(self, width: int, count: int, real_tokens: int) -> bool:
+        padded = width * count
+        return padded <= self.max_batch_tokens and padded <= self.max_padding_ratio * real_tokens
 
     async def _run(self, batch: list[_Item]) -> None:
         started = time.monotonic()

@@ -140,6 +140,7 @@ class ModelRegistry:
                 max_batch_tokens=self.settings.max_batch_tokens,
                 max_wait_s=self.settings.max_wait_ms / 1000,
                 max_queue_rows=self.settings.max_queue_rows,
+                max_padding_ratio=self.settings.max_padding_ratio,
                 observer=self.metrics.observer(model.name),
             )
             model.batcher.start()

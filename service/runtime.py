@@ -67,6 +67,10 @@ class ModelRuntime:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.log_severity_level = 3
+        import os
+
+        if os.environ.get("NOSPIN"):
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         path = entry / config["variants"][self.placement.variant]["file"]
         if self.placement.provider == CUDA:
             providers: list[Any] = [(CUDA, {"device_id": 0}), CPU]

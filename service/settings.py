@@ -32,9 +32,15 @@ class Settings(BaseSettings):
         "fp32", description="variant on the CPU provider; int8 answers may move with the batch make-up"
     )
     threads: int = Field(0, ge=0, le=256, description="intra-op threads per session; 0: one per core")
+    spin_threads: bool = Field(
+        False, description="let idle onnxruntime threads spin (lowers latency on idle cores, steals busy ones)"
+    )
     max_batch_size: int = Field(32, ge=1, le=1024, description="most rows (sequences or windows) in one batch")
     max_batch_tokens: int = Field(
         8192, ge=64, le=1_048_576, description="most padded tokens (longest row x rows) in one batch"
+    )
+    max_padding_ratio: float = Field(
+        1.1, ge=1.0, le=100.0, description="most padded / real tokens in a batch (rows of like length batch together)"
     )
     max_wait_ms: float = Field(2.0, ge=0, le=1000, description="longest wait for more work before a partial batch")
     max_queue_rows: int = Field(2048, ge=1, le=1_000_000, description="rows queued per model before 429")

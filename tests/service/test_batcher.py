@@ -195,3 +195,20 @@ def test_ticket_timings() -> None:
     assert ticket.inference_calls == 3
     assert ticket.inference_seconds >= 0.03
     assert ticket.queue_seconds > 0
+
+
+def test_padding_ratio_keeps_unlike_lengths_apart() -> None:
+    async def scenario(batcher, runner, observer):
+        runner.gate.clear()  # hold the runner so that everything is queued before batches form
+        first = asyncio.create_task(batcher.submit(rows("hold", [4]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        await asyncio.gather(
+            batcher.submit(rows("s", [10, 11, 10, 30, 31, 29, 10]), Ticket.with_timeout(5)),
+            asyncio.sleep(0.01, result=runner.gate.set()),
+        )
+        await first
+        return observer.batches[1:]
+
+    batches = run(scenario, max_batch_size=8, max_padding_ratio=1.1)
+    assert sorted(rows_ for rows_, _, _ in batches) == [3, 4]
+    assert all(padded <= 1.1 * real for _, padded, real in batches)
