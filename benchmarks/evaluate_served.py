@@ -12,18 +12,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import re
 import string
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
 from benchmarks.realdata import ROOT, SHARED, conll03, shared_available, squad, sst2
-from benchmarks.serve_benchmark import free_port, wait_for
+from benchmarks.serving import start_service
 from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
 
@@ -147,16 +144,8 @@ def main() -> None:
     for task in tasks:
         if not (repository / MODELS[task] / "model.json").is_file():
             export_checkpoint(str(SHARED / "models" / MODELS[task]), MODELS[task], repository, variants="fp32,int8")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable,
-        "-m",
-        "service",
-        "--repository",
-        str(repository),
-        "--port",
-        str(port),
+    server = start_service(
+        repository,
         "--log-level",
         "warning",
         "--cpu-variant",
@@ -167,11 +156,10 @@ def main() -> None:
         "600",
         "--models",
         ",".join(MODELS[t] for t in tasks),
-    ]
-    server = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    )
+    url = server.url
     report = {"variant": args.variant}
     try:
-        wait_for(url, "/readyz", server)
         if "sst2" in tasks:
             report["sst2"] = evaluate_sst2(url)
             print("SST-2:", report["sst2"], flush=True)
@@ -182,8 +170,7 @@ def main() -> None:
             report["squad"] = evaluate_squad(url, args.squad_limit)
             print("SQuAD:", report["squad"], flush=True)
     finally:
-        server.terminate()
-        server.wait(30)
+        server.stop()
     out = ROOT / "reports" / f"evaluate_served_{args.variant}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -14,9 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,16 +25,11 @@ from transformers import AutoTokenizer
 
 from benchmarks.loadclient import run_load
 from benchmarks.realdata import ROOT, SHARED, shared_available, sst2
+from benchmarks.serving import start, start_service
 from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
 
 MODEL = "minilm-bert-sst2"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def raw_session(entry: Path, sentences: list[str], threads: int) -> dict:
@@ -79,21 +71,6 @@ def scrape(url: str) -> dict[str, float]:
             if sample.name in wanted:
                 totals[sample.name] += sample.value
     return totals
-
-
-def wait_for(url: str, probe: str, process: subprocess.Popen, body: dict | None = None) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"server exited with {process.returncode}")
-        try:
-            response = httpx.post(url + probe, json=body) if body else httpx.get(url + probe)
-            if response.status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{url} not ready")
 
 
 def load_cases(sentences: list[str], path: str, args: argparse.Namespace) -> dict[str, tuple]:
@@ -153,47 +130,22 @@ def main() -> None:
     report["raw"] = {k: round(v, 1) for k, v in raw_session(repository / MODEL, sentences, os.cpu_count()).items()}
     print(f"  {report['raw']}", flush=True)
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable,
-        "-m",
-        "service",
-        "--repository",
-        str(repository),
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        *args.server_args.split(),
-    ]
-    print(f"service: {' '.join(command[1:])}", flush=True)
-    server = subprocess.Popen(command, cwd=ROOT, env=env)
+    print(f"service: python -m service --repository {repository} {args.server_args}", flush=True)
+    server = start_service(repository, "--log-level", "warning", *args.server_args.split())
     try:
-        wait_for(url, "/readyz", server)
-        report["service"] = measure(
-            url, load_cases(sentences, f"/v1/models/{MODEL}/classify", args), args.seconds, True
-        )
+        cases = load_cases(sentences, f"/v1/models/{MODEL}/classify", args)
+        report["service"] = measure(server.url, cases, args.seconds, True)
     finally:
-        server.terminate()
-        server.wait(30)
+        server.stop()
 
     if not args.skip_pipeline:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
         print("pipeline server: FastAPI + transformers.pipeline (PyTorch fp32)", flush=True)
-        server = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.pipeline_server", str(checkpoint), "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-        )
+        server = start(["-m", "benchmarks.pipeline_server", str(checkpoint)])
         try:
-            wait_for(url, "/classify", server, {"inputs": ["warm"]})
-            report["pipeline"] = measure(url, load_cases(sentences, "/classify", args), args.seconds, False)
+            server.wait_ready(path="/classify", body={"inputs": ["warm"]})
+            report["pipeline"] = measure(server.url, load_cases(sentences, "/classify", args), args.seconds, False)
         finally:
-            server.terminate()
-            server.wait(30)
+            server.stop()
 
     ceiling = report["raw"]["batch 16, sorted by length"]
     print("\n| server | request | clients | sequences/s | p50 ms | p99 ms | calls/request | padding ratio |")
