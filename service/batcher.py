@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from service.errors import DeadlineExceeded, InferenceFailed, NotReady, Overloaded
+from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 
 log = logging.getLogger("service.batcher")
 
@@ -114,6 +114,11 @@ class Batcher:
             return []
         if self._task is None or self._task.done():
             raise NotReady(f"model {self.name} is not running")
+        if len(rows) > self.max_queue_rows:  # it would never fit: waiting and retrying cannot help
+            raise InvalidInput(
+                f"this request needs {len(rows)} model rows (inputs and windows); the queue of model {self.name} "
+                f"holds at most {self.max_queue_rows}: send fewer or shorter inputs"
+            )
         if len(self._pending) + len(rows) > self.max_queue_rows:
             raise Overloaded(f"model {self.name} has {len(self._pending)} rows queued; try again shortly")
         loop = asyncio.get_running_loop()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from service.batcher import Batcher, Ticket
-from service.errors import DeadlineExceeded, InferenceFailed, Overloaded
+from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Overloaded
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,15 @@ def test_full_queue_is_refused_at_once() -> None:
 
     error = run(scenario, max_queue_rows=10)
     assert error.status_code == 429 and error.headers["Retry-After"]
+
+
+def test_a_request_larger_than_the_whole_queue_is_refused_as_invalid() -> None:
+    async def scenario(batcher, runner, _):
+        with pytest.raises(InvalidInput, match="holds at most 10"):
+            await batcher.submit(rows("big", [5] * 11), Ticket.with_timeout(5))
+        return await batcher.submit(rows("ok", [5] * 10), Ticket.with_timeout(5))
+
+    assert len(run(scenario, max_queue_rows=10)) == 10
 
 
 def test_deadline_drops_work_that_has_not_run() -> None:
