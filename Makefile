@@ -15,7 +15,7 @@ $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned in the export extra (2.13.0, CPU build); onnxruntime comes from the cpu extra.
-	$(PY) -m pip install --quiet -e '.[cpu,export,dev]'
+	$(PY) -m pip install --quiet -e '.[cpu,export,dev,loadtest]'
 	touch $@
 
 install: $(INSTALLED)
@@ -43,6 +43,25 @@ lint: $(INSTALLED)
 format: $(INSTALLED)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
+
+# Headless Locust load test of the server at URL (loopback only unless ARGS has --allow-remote); report folder in
+# LOADTEST_REPORT; ARGS for the load (e.g. ARGS='--shape step --step-users 4 --max-users 32 --max-seconds 90').
+URL ?= http://127.0.0.1:8000
+LOADTEST_REPORT ?= reports/loadtest
+.PHONY: loadtest
+loadtest: $(INSTALLED)
+	$(PY) -m loadtests --url $(URL) --report $(LOADTEST_REPORT) $(ARGS)
+
+# Builds the cpu, demo, gpu and export images and checks them in running containers (tests/container/): every
+# endpoint, /metrics, non-root, SIGTERM during a burst, export of a real checkpoint, the gpu image's CPU fallback,
+# docker compose. Not part of `make test`. Where `docker` does not work, ../shared/container/setup.sh provides it
+# (podman). ARGS for the script (e.g. ARGS=--skip-gpu); TORCH_WHEELS=DIR hands the export stage a local torch wheel.
+CONTAINER_SETUP ?= ../shared/container/setup.sh
+CONTAINER_PATH := $(abspath $(dir $(CONTAINER_SETUP))bin):$(PATH)
+.PHONY: test-container
+test-container:
+	@PATH="$(CONTAINER_PATH)" docker info >/dev/null 2>&1 || bash $(CONTAINER_SETUP)
+	PATH="$(CONTAINER_PATH)" $(PYTHON) tests/container/check_container.py $(ARGS)
 
 openapi: $(INSTALLED)
 	$(PY) -m service.openapi

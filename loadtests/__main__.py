@@ -1,0 +1,5 @@
+"""`python -m loadtests --url URL ...`: see loadtests/runner.py."""
+
+from loadtests.runner import main
+
+raise SystemExit(main())

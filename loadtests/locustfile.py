@@ -1,0 +1,312 @@
+"""Locust users for the bertserve endpoints, and the load shape; `python -m loadtests` runs it headless.
+
+One user class per endpoint: ClassifyUser, NerUser, QaUser. Every answer goes through `catch_response`:
+2xx with a valid answer (shape, labels, offsets inside the text, answer == context[start:end]) succeeds; 429
+succeeds too but is counted as shed, under the request name `ENDPOINT [429 shed]`; anything else (another
+status, a malformed answer, no answer) fails the request with the reason.
+
+Also usable directly, e.g.:
+
+    locust -f loadtests/locustfile.py --headless --host http://127.0.0.1:8000 ClassifyUser \\
+        --load-shape step --step-users 2 --step-seconds 10 --max-users 16 --max-seconds 80 --report-dir /tmp/lt
+
+Each request is logged (start time, endpoint, outcome, status, milliseconds, inputs) and written, with the
+stage timings, to `--report-dir` (requests.csv, stages.csv) when Locust quits.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import logging
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run as `locust -f loadtests/locustfile.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import gevent
+from locust import FastHttpUser, LoadTestShape, events, task
+from locust.env import Environment
+from locust.exception import StopUser
+from locust.stats import CSV_STATS_INTERVAL_SEC
+
+from loadtests.payloads import (
+    BatchSizes,
+    PayloadSet,
+    classify_body,
+    load_payloads,
+    ner_body,
+    parse_batch_sizes,
+    qa_body,
+    sample,
+)
+from loadtests.shapes import Schedule, Stage, pacing_wait, rate_schedule, step_schedule
+from loadtests.urls import check_target, http_get
+from loadtests.validation import ModelTarget, judge, pick_target
+
+logger = logging.getLogger("loadtests")
+SHED_SUFFIX = " [429 shed]"
+REQUEST_FIELDS = ("start_epoch", "endpoint", "outcome", "status", "response_ms", "rows", "error")
+STAGE_FIELDS = ("index", "offered", "users", "rate", "start_epoch", "end_epoch")
+SPAWN_RATE = 100.0  # users per second: a step's users arrive at once
+
+
+@dataclass
+class RunState:
+    """What the users and the shape share in this (local, single-process) Locust run."""
+
+    payloads: PayloadSet | None = None
+    batch: BatchSizes | None = None
+    targets: dict[str, ModelTarget] = field(default_factory=dict)
+    schedule: Schedule | None = None
+    max_requests: int = 0
+    report_dir: Path | None = None
+    seed: int = 0
+    qa_top_k: int = 1
+    current: Stage | None = None
+    stages: list[list[Any]] = field(default_factory=list)  # STAGE_FIELDS rows
+    records: list[tuple[Any, ...]] = field(default_factory=list)  # REQUEST_FIELDS rows
+    stop_reason: str | None = None
+    written: bool = False
+
+    def enter(self, stage: Stage) -> None:
+        now = time.time()
+        if self.stages:
+            self.stages[-1][5] = now
+        self.stages.append([stage.index, stage.offered, stage.users, stage.rate, now, None])
+        self.current = stage
+
+    def write(self) -> None:
+        if self.written or self.report_dir is None:
+            return
+        self.written = True
+        now = time.time()
+        if self.stages and self.stages[-1][5] is None:
+            self.stages[-1][5] = now
+        self.report_dir.mkdir(parents=True, exist_ok=True)
+        with (self.report_dir / "requests.csv").open("w", newline="") as stream:
+            writer = csv.writer(stream)
+            writer.writerow(REQUEST_FIELDS)
+            writer.writerows(self.records)
+        with (self.report_dir / "stages.csv").open("w", newline="") as stream:
+            writer = csv.writer(stream)
+            writer.writerow(STAGE_FIELDS)
+            writer.writerows(self.stages)
+        (self.report_dir / "locust_run.json").write_text(
+            json.dumps(
+                {
+                    "stop_reason": self.stop_reason or "schedule completed",
+                    "requests_logged": len(self.records),
+                    "targets": {endpoint: target.name for endpoint, target in self.targets.items()},
+                    "payloads": self.payloads.source if self.payloads else None,
+                    "batch": self.batch.spec if self.batch else None,
+                },
+                indent=2,
+            )
+        )
+
+
+STATE = RunState()
+
+
+@events.init_command_line_parser.add_listener
+def _add_options(parser: Any) -> None:
+    group = parser.add_argument_group("bertserve load test")
+    group.add_argument("--payloads", default="builtin", help="builtin, shared (../shared/data) or a JSON file")
+    group.add_argument("--payload-limit", type=int, default=0, help="use only the first N texts of each set (0: all)")
+    group.add_argument("--batch", default="mix", help="inputs per request: mix, N or A-B")
+    for endpoint in ("classify", "ner", "qa"):
+        group.add_argument(f"--{endpoint}-model", default="", help=f"model for /{endpoint} (default: first by task)")
+    group.add_argument("--load-shape", choices=["step", "rate"], default="step")
+    group.add_argument("--step-users", type=int, default=2)
+    group.add_argument("--step-seconds", type=float, default=10.0)
+    group.add_argument("--max-users", type=int, default=16)
+    group.add_argument("--rates", default="10", help="requests/s per stage, comma-separated")
+    group.add_argument("--stage-seconds", type=float, default=10.0)
+    group.add_argument("--rate-users", type=int, default=0, help="users sharing the rate (0: from the rate)")
+    group.add_argument("--max-seconds", type=float, default=120.0, help="hard stop of the load")
+    group.add_argument("--max-requests", type=int, default=200_000, help="stop once this many were sent")
+    group.add_argument("--report-dir", default="", help="where requests.csv and stages.csv go")
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host")
+
+
+def _fetch_models(host: str) -> list[dict[str, Any]]:
+    return json.loads(http_get(host + "/v1/models"))["models"]
+
+
+def configure(options: Any, host: str) -> None:
+    """Fill STATE from the parsed options: payloads, batch sizes, schedule, target models."""
+    host = check_target(host, options.allow_remote)
+    STATE.payloads = load_payloads(options.payloads, options.payload_limit or None)
+    STATE.batch = parse_batch_sizes(options.batch)
+    if options.load_shape == "step":
+        STATE.schedule = step_schedule(options.step_users, options.step_seconds, options.max_users, options.max_seconds)
+    else:
+        rates = [float(rate) for rate in str(options.rates).split(",") if rate.strip()]
+        STATE.schedule = rate_schedule(rates, options.stage_seconds, options.rate_users or None, options.max_seconds)
+    STATE.max_requests = options.max_requests
+    STATE.report_dir = Path(options.report_dir) if options.report_dir else None
+    STATE.seed = options.seed
+    models = _fetch_models(host)
+    for endpoint in ("classify", "ner", "qa"):
+        target = pick_target(models, endpoint, getattr(options, f"{endpoint}_model") or None)
+        if target is not None:
+            STATE.targets[endpoint] = target
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, **_: Any) -> None:
+    options = environment.parsed_options
+    if options is None:  # used as a library without Locust's options: the caller fills STATE
+        return
+    try:
+        configure(options, environment.host or "")
+    except Exception as error:  # a wrong option or an unreachable server: stop before any load
+        sys.stderr.write(f"error: {error}\n")
+        raise SystemExit(2) from error
+
+
+@events.request.add_listener
+def _on_request(
+    name: str,
+    response_time: float,
+    exception: Exception | None,
+    context: dict[str, Any],
+    start_time: float | None = None,
+    response: Any = None,
+    **_: Any,
+) -> None:
+    endpoint = context.get("endpoint")
+    if endpoint is None:
+        return
+    outcome = "fail" if exception is not None else ("shed" if name.endswith(SHED_SUFFIX) else "ok")
+    status = getattr(response, "status_code", 0) or 0
+    error = str(exception)[:200] if exception is not None else ""
+    STATE.records.append(
+        (
+            round(start_time or time.time(), 6),
+            endpoint,
+            outcome,
+            status,
+            round(response_time, 3),
+            context["rows"],
+            error,
+        )
+    )
+
+
+@events.quitting.add_listener
+def _on_quitting(**_: Any) -> None:
+    STATE.write()
+    # Locust rewrites its CSVs once a second from a greenlet: let it run once more after the last request, so
+    # locust_stats.csv and locust_failures.csv hold the final figures (the files are flushed at exit).
+    gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)
+
+
+class EndpointUser(FastHttpUser):
+    """Sends requests to one endpoint; closed loop under the step shape, paced under the rate shape."""
+
+    abstract = True
+    endpoint: ClassVar[str] = ""
+    connection_timeout = 10.0
+    network_timeout = 40.0  # past the server's 30 s deadline (504)
+    _ids: ClassVar[itertools.count] = itertools.count()
+
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        self.rng = random.Random(STATE.seed * 1_000_003 + next(self._ids))
+        self._last_start: float | None = None
+
+    def wait_time(self) -> float:
+        stage = STATE.current
+        if stage is None or stage.rate is None:
+            return 0.0
+        interval = stage.users / stage.rate
+        now = time.monotonic()
+        wait = pacing_wait(interval, now, self._last_start, self.rng.uniform(0, interval))
+        self._last_start = now + wait
+        return wait
+
+    def on_start(self) -> None:
+        if self.endpoint not in STATE.targets or STATE.payloads is None or STATE.batch is None:
+            logger.error("no ready %s model on the server: %s users stop", self.endpoint, type(self).__name__)
+            raise StopUser()
+        self.target = STATE.targets[self.endpoint]
+
+    def send(self, body: dict[str, Any], inputs: list[Any], top_k: int = 1) -> None:
+        path = f"/v1/models/{self.target.name}/{self.endpoint}"
+        context = {"endpoint": self.endpoint, "rows": len(inputs)}
+        with self.client.post(path, json=body, name=self.endpoint, catch_response=True, context=context) as response:
+            try:
+                content = response.content
+            except Exception:  # the body could not be read: judged as no answer
+                content = None
+            status = (response.status_code or 0) if content is not None else 0
+            outcome, reason = judge(self.endpoint, status, content, self.target, inputs, top_k)
+            if outcome == "shed":
+                response.request_meta["name"] = self.endpoint + SHED_SUFFIX
+                response.success()
+            elif outcome == "ok":
+                response.success()
+            else:
+                response.failure(reason)
+
+    def batch_size(self) -> int:
+        assert STATE.batch is not None
+        return STATE.batch.draw(self.rng)
+
+
+class ClassifyUser(EndpointUser):
+    endpoint = "classify"
+
+    @task
+    def classify(self) -> None:
+        assert STATE.payloads is not None
+        texts = sample(STATE.payloads.classify, self.batch_size(), self.rng)
+        self.send(classify_body(texts), texts)
+
+
+class NerUser(EndpointUser):
+    endpoint = "ner"
+
+    @task
+    def ner(self) -> None:
+        assert STATE.payloads is not None
+        texts = sample(STATE.payloads.ner, self.batch_size(), self.rng)
+        self.send(ner_body(texts), texts)
+
+
+class QaUser(EndpointUser):
+    endpoint = "qa"
+
+    @task
+    def qa(self) -> None:
+        assert STATE.payloads is not None
+        pairs = sample(STATE.payloads.qa, self.batch_size(), self.rng)
+        body = qa_body(pairs, STATE.qa_top_k, self.target.qa_doc_stride)
+        self.send(body, pairs, STATE.qa_top_k)
+
+
+class ConfiguredShape(LoadTestShape):
+    """The step or rate schedule from the options; stops at its end, at --max-seconds or at --max-requests."""
+
+    def tick(self) -> tuple[int, float] | None:
+        schedule = STATE.schedule
+        if schedule is None:
+            return None
+        if STATE.max_requests and len(STATE.records) >= STATE.max_requests:
+            STATE.stop_reason = f"--max-requests {STATE.max_requests} reached"
+            return None
+        stage = schedule.stage_at(self.get_run_time())
+        if stage is None:
+            return None
+        if stage != STATE.current:
+            STATE.enter(stage)
+        return stage.users, SPAWN_RATE

@@ -1,0 +1,294 @@
+"""`python -m loadtests`: a headless Locust run against a bertserve URL, and its report folder.
+
+    python -m loadtests --url http://127.0.0.1:8000 --shape step --step-users 4 --step-seconds 10 \\
+        --max-users 32 --max-seconds 90 --report reports/loadtest
+
+The report folder gets: Locust's CSVs (`locust_stats.csv`, `locust_stats_history.csv`, `locust_failures.csv`,
+`locust_exceptions.csv`) and HTML report, the request log and stage timings (`requests.csv`, `stages.csv`),
+the server's `/metrics` before and after (`metrics_before.prom`, `metrics_after.prom`), per-stage figures
+(`stages_summary.csv`), the summary (`summary.json`, `summary.md`) and plots (`throughput.png`,
+`latency.png`, `timeline.png`).
+
+Bounded: the load stops at the end of its stages, at --max-seconds or at --max-requests, and Locust is killed
+if it is still running 90 s after that. The URL must be a loopback address unless --allow-remote is given.
+Exit status: 0 when every request was answered or shed, 1 when some failed, 2 for bad options or an
+unreachable server, 3 when Locust ended without a request log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+from loadtests.payloads import ENDPOINTS, PayloadError, load_payloads, parse_batch_sizes
+from loadtests.report import (
+    endpoint_totals,
+    markdown,
+    metrics_delta,
+    parse_prometheus,
+    read_requests,
+    read_stages,
+    stage_stats,
+    stats_rows,
+    summarize,
+)
+from loadtests.shapes import Schedule, rate_schedule, step_schedule
+from loadtests.urls import check_target, http_get
+from loadtests.validation import ModelTarget, pick_target
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
+USER_CLASSES = {"classify": "ClassifyUser", "ner": "NerUser", "qa": "QaUser"}
+KILL_GRACE_S = 90.0
+MAX_SECONDS_LIMIT = 3600.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests",
+        description="Headless Locust load test of a bertserve server, with a report folder.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--allow-remote", action="store_true", help="allow a URL that is not a loopback address")
+    parser.add_argument("--report", type=Path, default=Path("reports/loadtest"), help="report folder (created)")
+    parser.add_argument(
+        "--endpoints", default="auto", help="comma-separated among classify,ner,qa; auto: each with a ready model"
+    )
+    for endpoint in ENDPOINTS:
+        parser.add_argument(
+            f"--{endpoint}-model", default=None, help=f"model for /{endpoint}; none: the first ready model of its task"
+        )
+    parser.add_argument("--payloads", default="builtin", help="builtin, shared (../shared/data) or a JSON file")
+    parser.add_argument("--payload-limit", type=int, default=0, help="only the first N texts of each set (0: all)")
+    parser.add_argument("--batch", default="mix", help="inputs per request: mix (60%% 1, 30%% 2-4, 10%% 5-16), N, A-B")
+    parser.add_argument("--shape", choices=["step", "rate"], default="step", help="step load or constant arrival rate")
+    parser.add_argument("--step-users", type=int, default=2, help="step: users added per step (and the first step)")
+    parser.add_argument("--step-seconds", type=float, default=10.0, help="step: seconds per step")
+    parser.add_argument("--max-users", type=int, default=16, help="step: users of the last step")
+    parser.add_argument("--rates", default="10", help="rate: requests/s per stage, comma-separated")
+    parser.add_argument("--stage-seconds", type=float, default=20.0, help="rate: seconds per rate")
+    parser.add_argument("--rate-users", type=int, default=0, help="rate: users sharing the rate (0: from the rate)")
+    parser.add_argument("--max-seconds", type=float, default=120.0, help="hard stop of the load")
+    parser.add_argument(
+        "--max-requests",
+        type=int,
+        default=200_000,
+        help="stop once this many requests completed (checked every second)",
+    )
+    parser.add_argument("--settle-seconds", type=float, default=2.0, help="left out at the start of each stage")
+    parser.add_argument("--metric", choices=["requests", "sequences"], default="requests", help="saturation by")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true", help="print only the report folder")
+    return parser
+
+
+def schedule_from(args: argparse.Namespace) -> Schedule:
+    if args.shape == "step":
+        return step_schedule(args.step_users, args.step_seconds, args.max_users, args.max_seconds)
+    rates = [float(rate) for rate in args.rates.split(",") if rate.strip()]
+    return rate_schedule(rates, args.stage_seconds, args.rate_users or None, args.max_seconds)
+
+
+def choose_targets(models: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, ModelTarget]:
+    wanted = list(ENDPOINTS) if args.endpoints == "auto" else [e.strip() for e in args.endpoints.split(",")]
+    unknown = [e for e in wanted if e not in ENDPOINTS]
+    if unknown:
+        raise ValueError(f"--endpoints: unknown {unknown}; choose among {', '.join(ENDPOINTS)}")
+    targets = {}
+    for endpoint in wanted:
+        target = pick_target(models, endpoint, getattr(args, f"{endpoint}_model"))
+        if target is not None:
+            targets[endpoint] = target
+        elif args.endpoints != "auto":
+            raise ValueError(f"--endpoints {endpoint}: the server has no ready {endpoint} model")
+    if not targets:
+        raise ValueError("the server has no ready model for any of the endpoints " + ", ".join(wanted))
+    return targets
+
+
+def locust_command(args: argparse.Namespace, url: str, targets: dict[str, ModelTarget], report: Path) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "--only-summary",
+        "--host",
+        url,
+        "--csv",
+        str(report / "locust"),
+        "--csv-full-history",
+        "--html",
+        str(report / "locust.html"),
+        "--logfile",
+        str(report / "locust.log"),
+        "--stop-timeout",
+        "10",
+        "--payloads",
+        args.payloads,
+        "--payload-limit",
+        str(args.payload_limit),
+        "--batch",
+        args.batch,
+        "--load-shape",
+        args.shape,
+        "--step-users",
+        str(args.step_users),
+        "--step-seconds",
+        str(args.step_seconds),
+        "--max-users",
+        str(args.max_users),
+        "--rates",
+        args.rates,
+        "--stage-seconds",
+        str(args.stage_seconds),
+        "--rate-users",
+        str(args.rate_users),
+        "--max-seconds",
+        str(args.max_seconds),
+        "--max-requests",
+        str(args.max_requests),
+        "--report-dir",
+        str(report),
+        "--seed",
+        str(args.seed),
+    ]
+    if args.allow_remote:
+        command.append("--allow-remote")
+    for endpoint, target in targets.items():
+        command += [f"--{endpoint}-model", target.name]
+    return command + [USER_CLASSES[endpoint] for endpoint in targets]
+
+
+def run_locust(command: list[str], report: Path, timeout_s: float) -> int:
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    with (report / "locust.out").open("w") as output:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            return process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+            return -9
+
+
+def scrape(url: str, path: Path) -> None:
+    try:
+        text = http_get(url + "/metrics").decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as error:
+        text = f"# scrape failed: {error}\n"
+    path.write_text(text)
+
+
+def write_report(report: Path, run: dict[str, Any], settle_s: float, metric: str) -> dict[str, Any]:
+    """Stage figures, summary (JSON, Markdown) and plots from the files the Locust run left in `report`."""
+    from loadtests import plots  # matplotlib: imported when there is something to plot
+
+    records = read_requests(report / "requests.csv")
+    stages = read_stages(report / "stages.csv")
+    stats = stage_stats(records, stages, settle_s)
+    summary = summarize(stats, metric)  # type: ignore[arg-type]
+    summary["endpoints"] = endpoint_totals(records)
+    summary["server"] = metrics_delta(
+        parse_prometheus((report / "metrics_before.prom").read_text()),
+        parse_prometheus((report / "metrics_after.prom").read_text()),
+    )
+    summary["run"] = run
+    summary["stage_figures"] = stats_rows(stats)
+    rows = stats_rows(stats)
+    with (report / "stages_summary.csv").open("w", newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=list(rows[0]) if rows else ["index"])
+        writer.writeheader()
+        writer.writerows(rows)
+    (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (report / "summary.md").write_text(markdown(summary, stats, run))
+    unit = run["offered_unit"]
+    plots.throughput_plot(stats, summary, unit, report / "throughput.png")
+    plots.latency_plot(stats, unit, report / "latency.png")
+    plots.timeline_plot(records, stages, report / "timeline.png")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        url = check_target(args.url, args.allow_remote)
+        if not 0 < args.max_seconds <= MAX_SECONDS_LIMIT:
+            raise ValueError(f"--max-seconds must be in (0, {MAX_SECONDS_LIMIT:g}]")
+        if args.max_requests < 1:
+            raise ValueError("--max-requests must be at least 1")
+        schedule = schedule_from(args)
+        parse_batch_sizes(args.batch)
+        payloads = load_payloads(args.payloads, args.payload_limit or None)
+        models = json.loads(http_get(url + "/v1/models"))["models"]
+        targets = choose_targets(models, args)
+    except (ValueError, PayloadError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (urllib.error.URLError, OSError) as error:
+        print(f"error: cannot reach {args.url}: {error}", file=sys.stderr)
+        return 2
+
+    if args.payloads not in ("builtin", "shared"):
+        args.payloads = str(Path(args.payloads).resolve())  # Locust runs from the project root
+    report: Path = args.report.resolve()
+    report.mkdir(parents=True, exist_ok=True)
+    for stale in ("requests.csv", "stages.csv", "locust_run.json", "summary.json", "summary.md"):
+        (report / stale).unlink(missing_ok=True)
+    command = locust_command(args, url, targets, report)
+    (report / "locust_command.txt").write_text(shlex.join(command) + "\n")
+    if not args.quiet:
+        print(
+            f"load test: {args.shape}, {len(schedule.stages)} stages, {schedule.duration_s:.0f} s, against {url} "
+            f"({', '.join(f'{e}: {t.name}' for e, t in targets.items())}), payloads {payloads.source} "
+            f"{payloads.sizes()}; report in {report}",
+            file=sys.stderr,
+        )
+    scrape(url, report / "metrics_before.prom")
+    started = time.monotonic()
+    locust_rc = run_locust(command, report, schedule.duration_s + KILL_GRACE_S)
+    seconds = time.monotonic() - started
+    scrape(url, report / "metrics_after.prom")
+    if not (report / "requests.csv").is_file() or not (report / "stages.csv").is_file():
+        tail = (report / "locust.out").read_text(errors="replace")[-2000:]
+        print(f"error: Locust exited with {locust_rc} without a request log; its output ends:\n{tail}", file=sys.stderr)
+        return 3
+    locust_run = json.loads((report / "locust_run.json").read_text())
+    run = {
+        "command": shlex.join(["python", "-m", "loadtests", *(sys.argv[1:] if argv is None else argv)]),
+        "url": url,
+        "models": {endpoint: target.name for endpoint, target in targets.items()},
+        "shape": args.shape,
+        "offered_unit": schedule.offered_unit,
+        "payloads": payloads.source,
+        "payload_sizes": payloads.sizes(),
+        "payload_chars": payloads.length_stats(),
+        "batch": args.batch,
+        "settle_seconds": args.settle_seconds,
+        "seconds": round(seconds, 1),
+        "stop_reason": locust_run["stop_reason"],
+        "locust_exit_code": locust_rc,
+    }
+    summary = write_report(report, run, args.settle_seconds, args.metric)
+    if args.quiet:
+        print(report)
+    else:
+        print((report / "summary.md").read_text())
+    return 1 if summary["totals"]["failed"] else 0

@@ -1,0 +1,156 @@
+"""The summary maths: stage figures, saturation, p99 near 50% / 90% of it, shed rate beyond; metrics deltas."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from loadtests.report import (
+    RequestRecord,
+    StageStats,
+    StageWindow,
+    markdown,
+    metrics_delta,
+    parse_prometheus,
+    percentile,
+    stage_stats,
+    summarize,
+)
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 50) == 50 and percentile(values, 99) == 99 and percentile(values, 100) == 100
+    assert percentile([7.0], 99) == 7.0 and percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+def test_stage_stats_attribute_requests_and_leave_out_the_settling() -> None:
+    stages = [StageWindow(0, 2, 2, None, 100.0, 110.0), StageWindow(1, 4, 4, None, 110.0, 120.0)]
+    records = [
+        RequestRecord(100.5, "classify", "ok", 200, 999.0, 1),  # settling: left out
+        *(RequestRecord(102.0 + i * 0.1, "classify", "ok", 200, float(i + 1), 2) for i in range(80)),
+        RequestRecord(111.0, "classify", "ok", 200, 5.0, 1),  # settling of stage 1
+        *(RequestRecord(112.0 + i * 0.05, "ner", "ok", 200, 10.0, 3) for i in range(100)),
+        *(RequestRecord(113.0 + i * 0.05, "ner", "shed", 429, 1.0, 3) for i in range(20)),
+        *(RequestRecord(114.0, "qa", "fail", 500, 2.0, 1) for _ in range(4)),
+        RequestRecord(130.0, "qa", "ok", 200, 1.0, 1),  # after the last stage
+    ]
+    first, second = stage_stats(records, stages, settle_s=2.0)
+    assert (first.seconds, first.requests, first.ok, first.rows_ok) == (8.0, 80, 80, 160)
+    assert first.ok_rps == pytest.approx(10.0) and first.ok_sps == pytest.approx(20.0)
+    assert (first.p50_ms, first.p95_ms, first.p99_ms) == (40.0, 76.0, 80.0)
+    assert (second.requests, second.ok, second.shed, second.failed) == (124, 100, 20, 4)
+    assert second.shed_rate == pytest.approx(20 / 124) and second.fail_rate == pytest.approx(4 / 124)
+    assert second.ok_sps == pytest.approx(300 / 8) and second.sent_rps == pytest.approx(124 / 8)
+    assert second.p99_ms == 10.0  # shed and failed requests are not in the latencies
+    # A settle longer than half the stage is cut to half of it.
+    (short,) = stage_stats(records, stages[:1], settle_s=30.0)
+    assert short.seconds == 5.0
+
+
+def _stage(index: int, offered: float, ok_rps: float, p99: float, shed_rate: float = 0.0) -> StageStats:
+    seconds, sent = 10.0, ok_rps / (1 - shed_rate)
+    requests = round(sent * seconds)
+    shed = requests - round(ok_rps * seconds)
+    return StageStats(
+        index=index,
+        offered=offered,
+        users=int(offered),
+        rate=None,
+        seconds=seconds,
+        requests=requests,
+        ok=requests - shed,
+        shed=shed,
+        failed=0,
+        rows_ok=2 * (requests - shed),
+        ok_rps=ok_rps,
+        ok_sps=2 * ok_rps,
+        sent_rps=sent,
+        shed_rate=shed / requests,
+        fail_rate=0.0,
+        p50_ms=p99 / 3,
+        p95_ms=p99 / 1.5,
+        p99_ms=p99,
+    )
+
+
+STEPS = [
+    _stage(0, 2, 40.0, 30.0),
+    _stage(1, 4, 75.0, 40.0),
+    _stage(2, 6, 95.0, 60.0),
+    _stage(3, 8, 100.0, 120.0),  # saturation
+    _stage(4, 10, 98.0, 300.0, shed_rate=0.25),
+    _stage(5, 12, 99.0, 500.0, shed_rate=0.5),
+]
+
+
+def test_summary_finds_saturation_and_the_points_around_it() -> None:
+    summary = summarize(STEPS)
+    assert summary["saturation"]["ok_rps"] == 100.0 and summary["saturation"]["stage"] == 3
+    assert summary["knee"]["stage"] == 2  # first stage within 5% of the best (95 >= 0.95 * 100)
+    assert summary["saturated"] is True
+    assert summary["at_50"]["stage"] == 0 and summary["at_50"]["p99_ms"] == 30.0  # 40 is nearest to 50
+    assert summary["at_90"]["stage"] == 2 and summary["at_90"]["p99_ms"] == 60.0  # 95 is nearest to 90
+    beyond = summary["beyond"]
+    assert beyond["stages"] == [3, 4, 5]
+    shed = STEPS[4].shed + STEPS[5].shed
+    assert beyond["shed_rate"] == pytest.approx(shed / sum(s.requests for s in STEPS[3:]), abs=1e-4)
+    assert beyond["p99_ms"] == 500.0
+    assert summary["totals"]["shed"] == shed and summary["totals"]["failed"] == 0
+    # By sequences/s the same stages (each request carries 2 inputs here).
+    by_sequences = summarize(STEPS, "sequences")
+    assert by_sequences["saturation"]["throughput"] == 200.0 and by_sequences["at_90"]["stage"] == 2
+
+
+def test_summary_says_when_the_load_did_not_saturate() -> None:
+    rising = [_stage(0, 2, 40.0, 30.0), _stage(1, 4, 80.0, 35.0)]
+    summary = summarize(rising)
+    assert summary["saturated"] is False and summary["beyond"] is None
+    assert summary["at_90"]["stage"] == 1 and summary["at_50"]["stage"] == 0
+    text = markdown(summary, rising, {"command": "python -m loadtests ...", "offered_unit": "users", "seconds": 20})
+    assert "not saturated" in text and "no shed rate" in text
+    empty = summarize([replace(rising[0], ok=0, ok_rps=0.0, ok_sps=0.0)])
+    assert empty["saturation"] is None and empty["at_50"] is None
+    assert "No request was answered" in markdown(empty, [], {"seconds": 1})
+
+
+def test_markdown_has_the_numbers() -> None:
+    summary = summarize(STEPS)
+    text = markdown(summary, STEPS, {"command": "python -m loadtests --url X", "seconds": 60.0, "offered_unit": "u"})
+    assert "**saturation throughput**: 100.0 requests/s, 200.0 sequences/s" in text
+    assert "p99 at ~50% of saturation: 30.0 ms" in text and "p99 at ~90% of saturation: 60.0 ms" in text
+    assert "beyond saturation (stages [3, 4, 5]): shed (429)" in text
+    assert text.count("\n| ") == len(STEPS) + 1  # header + one row per stage
+
+
+BEFORE = """# HELP bertserve_requests_total Requests answered.
+# TYPE bertserve_requests_total counter
+bertserve_requests_total{endpoint="classify",model="sst2",status="200"} 10.0
+bertserve_batch_size_count{model="sst2"} 5.0
+bertserve_batch_size_sum{model="sst2"} 10.0
+bertserve_queue_depth{model="sst2"} 0.0
+"""
+AFTER = """bertserve_requests_total{endpoint="classify",model="sst2",status="200"} 110.0
+bertserve_requests_total{endpoint="classify",model="sst2",status="429"} 7.0
+bertserve_batch_size_count{model="sst2"} 25.0
+bertserve_batch_size_sum{model="sst2"} 90.0
+bertserve_batch_padding_ratio_count{model="sst2"} 20.0
+bertserve_batch_padding_ratio_sum{model="sst2"} 22.0
+bertserve_inference_duration_seconds_sum{model="sst2"} 0.5
+bertserve_inference_duration_seconds_count{model="sst2"} 20.0
+bertserve_queue_depth{model="sst2"} 3.0
+bertserve_model_info{model="a \\"quoted\\" name",provider="CPUExecutionProvider"} 1.0
+"""
+
+
+def test_metrics_before_and_after() -> None:
+    after = parse_prometheus(AFTER)
+    assert after[("bertserve_queue_depth", (("model", "sst2"),))] == 3.0
+    assert ("bertserve_model_info", (("model", 'a \\"quoted\\" name'), ("provider", "CPUExecutionProvider"))) in after
+    delta = metrics_delta(parse_prometheus(BEFORE), after)
+    assert delta["requests_by_status"] == {"sst2/classify": {"200": 100, "429": 7}}
+    model = delta["models"]["sst2"]
+    assert model["batches"] == 20 and model["mean_batch_rows"] == 4.0 and model["mean_padding_ratio"] == 1.1
+    assert model["mean_inference_ms"] == 25.0 and model["queue_depth_after"] == 3.0
