@@ -67,10 +67,8 @@ class ModelRuntime:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.log_severity_level = 3
-        import os
-
-        if os.environ.get("NOSPIN"):
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Spinning intra-op threads: measured on 2 cores, +7% for 16-input requests, -8% for 1-input ones.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin_threads else "0")
         path = entry / config["variants"][self.placement.variant]["file"]
         if self.placement.provider == CUDA:
             providers: list[Any] = [(CUDA, {"device_id": 0}), CPU]

@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     )
     threads: int = Field(0, ge=0, le=256, description="intra-op threads per session; 0: one per core")
     spin_threads: bool = Field(
-        False, description="let idle onnxruntime threads spin (lowers latency on idle cores, steals busy ones)"
+        True, description="let idle onnxruntime threads spin (more batch throughput; off can suit many small requests)"
     )
     max_batch_size: int = Field(32, ge=1, le=1024, description="most rows (sequences or windows) in one batch")
     max_batch_tokens: int = Field(
