@@ -11,9 +11,18 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from loadtests.report import RequestRecord, StageStats, StageWindow
+
+
+def _save(figure: Figure, path: Path) -> Path:
+    """Writes the figure as a PNG and frees it (pyplot keeps every open figure alive)."""
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path
 
 
 def throughput_plot(stats: Sequence[StageStats], summary: dict[str, Any], offered_unit: str, path: Path) -> Path:
@@ -34,10 +43,7 @@ def throughput_plot(stats: Sequence[StageStats], summary: dict[str, Any], offere
     axis.grid(alpha=0.3)
     axis.legend(loc="upper left", fontsize=8)
     axis.set_title("Throughput against offered load")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def latency_plot(stats: Sequence[StageStats], offered_unit: str, path: Path) -> Path:
@@ -60,10 +66,7 @@ def latency_plot(stats: Sequence[StageStats], offered_unit: str, path: Path) -> 
     axis.grid(alpha=0.3, which="both")
     axis.legend(fontsize=8)
     axis.set_title("Latency percentiles against offered load")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def timeline_plot(records: Sequence[RequestRecord], stages: Sequence[StageWindow], path: Path) -> Path:
@@ -93,7 +96,4 @@ def timeline_plot(records: Sequence[RequestRecord], stages: Sequence[StageWindow
         second.set_ylim(bottom=0)
     axis.legend(loc="upper left", fontsize=8)
     axis.set_title("Timeline")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
