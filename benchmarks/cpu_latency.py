@@ -19,7 +19,8 @@ from pathlib import Path
 import onnxruntime as ort
 from transformers import AutoTokenizer
 
-from benchmarks.realdata import ROOT, SHARED, encoded_batches, shared_available, texts_for
+from benchmarks.realdata import SHARED, encoded_batches, shared_available, texts_for
+from benchmarks.reports import write_report
 from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
 
@@ -86,10 +87,7 @@ def main() -> None:
                     f"{row['sequences_per_s']:.1f} |",
                     flush=True,
                 )
-    out = ROOT / "reports" / "cpu_latency.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwritten: {out}")
+    write_report("cpu_latency", results)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import re
 import string
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.realdata import ROOT, SHARED, conll03, shared_available, squad, sst2
+from benchmarks.realdata import SHARED, conll03, shared_available, squad, sst2
+from benchmarks.reports import write_report
 from benchmarks.serving import start_service
 from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
@@ -171,10 +171,7 @@ def main() -> None:
             print("SQuAD:", report["squad"], flush=True)
     finally:
         server.stop()
-    out = ROOT / "reports" / f"evaluate_served_{args.variant}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"written: {out}")
+    write_report(f"evaluate_served_{args.variant}", report)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ tags, SQuAD answer spans), plus SST-2 accuracy of both. Prints a Markdown table;
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from pathlib import Path
 
@@ -19,7 +17,8 @@ import numpy as np
 import onnxruntime as ort
 from transformers import AutoTokenizer
 
-from benchmarks.realdata import CELLS, ROOT, checkpoint_for, encoded_batches, shared_available, sst2, texts_for
+from benchmarks.realdata import CELLS, checkpoint_for, encoded_batches, shared_available, sst2, texts_for
+from benchmarks.reports import write_report
 from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
 from export.validation import agreement
@@ -101,10 +100,7 @@ def main() -> None:
             f"| {row['cell']} | {row['export_seconds']} | {ops} | {row['fp32_max_abs_diff']:.1e} | "
             f"{row['int8_max_abs_diff']:.1e} | {agree} |"
         )
-    out = ROOT / "reports" / "export_report.json"
-    os.makedirs(out.parent, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"\nwritten: {out}")
+    write_report("export_report", rows)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 from benchmarks.loadclient import run_load
-from benchmarks.realdata import ROOT, SHARED, shared_available, sst2
+from benchmarks.realdata import SHARED, shared_available, sst2
+from benchmarks.reports import write_report
 from benchmarks.serving import start, start_service
 from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
@@ -164,10 +165,7 @@ def main() -> None:
         for label in ("1 input", "16 inputs"):
             ratio = report["service"][label]["sequences_per_s"] / report["pipeline"][label]["sequences_per_s"]
             print(f"service / pipeline server, {label}: {ratio:.2f}x")
-    out = ROOT / "reports" / "serve_benchmark.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"written: {out}")
+    write_report("serve_benchmark", report)
 
 
 if __name__ == "__main__":

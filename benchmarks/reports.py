@@ -1,0 +1,17 @@
+"""Where the benchmark scripts leave their figures: reports/NAME.json (ignored by git)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.realdata import ROOT
+
+
+def write_report(name: str, data: object) -> Path:
+    """Writes `data` as indented JSON to reports/NAME.json and says where."""
+    out = ROOT / "reports" / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"\nwritten: {out}")
+    return out
