@@ -3,16 +3,17 @@ builds it from the environment (BERTSERVE_*)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
 from export import __version__
+from service.engine_client import Engine, LocalEngine, RemoteEngine
 from service.http_errors import install_error_handlers
 from service.inference import Inference
 from service.metrics import Metrics
@@ -27,27 +28,28 @@ log = logging.getLogger("service")
 class ServerState:
     """What the routes reach through `request.app.state.server`."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, engine_socket: Path | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.registry = ModelRegistry(settings, self.metrics)
+        self.engine: Engine = RemoteEngine(engine_socket) if engine_socket else LocalEngine(settings, self.metrics)
+        self.registry = ModelRegistry(settings, self.metrics, self.engine)
         self.executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
-        self.inference = Inference(settings, self.registry, self.executor, self.metrics)
+        self.inference = Inference(settings, self.registry, self.engine, self.executor, self.metrics)
         self.draining = False
 
     def model_info(self, model: ServedModel) -> dict[str, Any]:
-        config, runtime, s = model.config, model.runtime, self.settings
+        config, engine, s = model.config, model.engine_state, self.settings
         return {
             "name": model.name,
             "status": model.status,
-            "error": model.error,
+            "error": model.failure,
             "task": config.get("task"),
             "architecture": config.get("architecture"),
             "labels": config.get("labels"),
             "problem_type": config.get("problem_type"),
-            "variant": runtime.variant if runtime else None,
-            "provider": runtime.provider if runtime else None,
-            "note": model.note,
+            "variant": engine.get("variant"),
+            "provider": engine.get("provider"),
+            "note": engine.get("note"),
             "demo": bool(config.get("demo", False)),
             "max_length": config.get("max_length"),
             "limits": {
@@ -62,21 +64,20 @@ class ServerState:
         }
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, engine_socket: Path | None = None) -> FastAPI:
+    """The whole server; with `engine_socket`, a front-end of an engine process listening there."""
     settings = settings or Settings()
-    server = ServerState(settings)
+    server = ServerState(settings, engine_socket)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         server.registry.load()  # raises StartupError: uvicorn reports it and exits non-zero
-        server.registry.start()
-        warm_up = asyncio.create_task(server.registry.warm_up(), name="warm-up")
+        await server.engine.start(on_change=server.registry.sync)
         try:
             yield
         finally:
             server.draining = True
-            warm_up.cancel()
-            await server.registry.stop()
+            await server.engine.stop()
             server.executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(

@@ -65,6 +65,10 @@ class NotReady(ServiceError):
         super().__init__(message, headers={"Retry-After": "1"})
 
 
+class EngineUnavailable(NotReady):
+    """The engine process is restarting (or not up yet): requests in flight with it are lost, retrying helps."""
+
+
 class DeadlineExceeded(ServiceError):
     status_code = 504
     error_type = "timeout"

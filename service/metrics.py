@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set by the launcher in process mode: one view over all processes
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -11,6 +16,9 @@ RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
 class Metrics:
+    """Each process writes its own; in process mode (PROMETHEUS_MULTIPROC_DIR set) every front-end's /metrics
+    merges the files of all processes, the engine's batch and queue figures included."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -75,19 +83,35 @@ class Metrics:
         self.real_tokens = Counter(
             "bertserve_batch_real_tokens", "Real (unpadded) tokens run, summed over batches.", ["model"], registry=r
         )
-        self.queue_depth = Gauge("bertserve_queue_depth", "Rows waiting in the batch queue.", ["model"], registry=r)
+        self.queue_depth = Gauge(
+            "bertserve_queue_depth",
+            "Rows waiting in the batch queue.",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.model_info = Gauge(
             "bertserve_model_info",
             "1 per served model, with where it runs.",
             ["model", "task", "architecture", "variant", "provider"],
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.model_ready = Gauge(
             "bertserve_model_ready",
             "1 when the model is loaded and warmed up; 0 while loading or failed.",
             ["model"],
             registry=r,
+            multiprocess_mode="livemax",
         )
+
+    def exposition(self) -> bytes:
+        directory = os.environ.get(MULTIPROCESS_DIR)
+        if not directory:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=directory)
+        return generate_latest(merged)
 
     def observer(self, model: str) -> ModelObserver:
         return ModelObserver(self, model)

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import schemas
-from service.batcher import Ticket
+from service.engine.batcher import Ticket
 from service.errors import NotReady
 from service.http_errors import error_response
 from service.inference import Timings
@@ -42,16 +42,17 @@ async def readyz(request: Request) -> JSONResponse:
     if server.draining:
         return error_response(503, "unavailable", "the server is shutting down")
     registry = server.registry
+    if not server.engine.connected:
+        return error_response(503, "unavailable", "not ready: the engine is starting or restarting")
     if not registry.ready:
-        waiting = sorted(m.name for m in registry.models.values() if m.status == "loading")
-        return error_response(503, "unavailable", f"not ready; loading: {', '.join(waiting) or 'none'}")
+        return error_response(503, "unavailable", f"not ready; loading: {', '.join(registry.loading) or 'none'}")
     ready = sorted(m.name for m in registry.models.values() if m.status == "ready")
     return JSONResponse({"status": "ready", "models": ready, "failed": registry.failed})
 
 
 @router.get("/metrics", tags=["probes"], summary="Prometheus metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> PlainTextResponse:
-    return PlainTextResponse(generate_latest(state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return PlainTextResponse(state(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/models", response_model=schemas.ModelList, tags=["models"], summary="Every served model")
@@ -133,11 +134,13 @@ async def admitted(request: Request) -> AsyncIterator[Ticket]:
 
 
 async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
-    while not ticket.cancelled:
-        if await request.is_disconnected():
-            ticket.cancelled = True
-            return
-        await asyncio.sleep(0.05)
+    """Wait for the ASGI `http.disconnect` message: one sleeping task per request, no polling.
+
+    The body has been read by now, so the next message the server hands over is the disconnect (uvicorn sends
+    it when the client closes the connection, or once the response is complete, when this task is cancelled)."""
+    message = await request.receive()
+    if message["type"] == "http.disconnect":
+        ticket.cancel()
 
 
 def answer(name: str, results: list, timings: Timings, ticket: Ticket) -> JSONResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Literal
@@ -32,6 +33,23 @@ class Settings(BaseSettings):
         "fp32", description="variant on the CPU provider; int8 answers may move with the batch make-up"
     )
     threads: int = Field(0, ge=0, le=256, description="intra-op threads per session; 0: one per core")
+    engine_mode: Literal["auto", "in-process", "process"] = Field(
+        "auto",
+        description="process: front-end processes (HTTP, tokenization) and one engine process (sessions, batching) "
+        "per device; in-process: one process does all; auto: process where a GPU is used, in-process on the CPU",
+    )
+    frontends: int = Field(
+        0, ge=0, le=64, description="front-end processes sharing the port in process mode; 0: half the cores, 1-8"
+    )
+    shape_buckets: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="pad batches to a grid of shapes (rows to a power of two, width to --bucket-width-step), each "
+        "warmed before ready; auto: on for CUDA, off on the CPU (exact-length batches)",
+    )
+    bucket_width_step: int = Field(16, ge=1, le=512, description="shape buckets: widths are multiples of this")
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        "auto", description="capture one CUDA graph per shape bucket (CUDA only, needs shape buckets); auto: on"
+    )
     spin_threads: bool = Field(
         True, description="let idle onnxruntime threads spin (more batch throughput; off can suit many small requests)"
     )
@@ -66,6 +84,8 @@ class Settings(BaseSettings):
                 f"max_batch_tokens ({self.max_batch_tokens}) is below max_batch_size ({self.max_batch_size}): "
                 "no batch could ever be full"
             )
+        if self.cuda_graphs == "on" and self.shape_buckets == "off":
+            raise ValueError("cuda_graphs on needs shape buckets (a graph is captured per shape)")
         if self.request_timeout_s * 1000 <= self.max_wait_ms:
             raise ValueError("request_timeout_s must be longer than max_wait_ms, or every request times out")
         return self
@@ -73,6 +93,25 @@ class Settings(BaseSettings):
     @property
     def session_threads(self) -> int:
         return self.threads or (os.cpu_count() or 1)
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as BERTSERVE_* variables: how the launcher hands them to its processes."""
+        env = {}
+        for name, value in self.model_dump(mode="json").items():
+            if value is None:
+                continue
+            if isinstance(value, list | dict):
+                text = json.dumps(value)
+            elif isinstance(value, bool):
+                text = "true" if value else "false"
+            else:
+                text = str(value)
+            env[f"{ENV_PREFIX}{name.upper()}"] = text
+        return env
+
+    @property
+    def frontend_count(self) -> int:
+        return self.frontends or max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
 for _name, _field in Settings.model_fields.items():

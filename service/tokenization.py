@@ -58,6 +58,13 @@ class TextTokenizer:
         encoding = tokenizer.encode(text, pair, add_special_tokens=add_special_tokens)
         return [encoding, *encoding.overflowing] if max_length is not None else [encoding]
 
+    def encode_batch(self, items: Sequence[str | tuple[str, str]]) -> list[Encoding]:
+        """Encode many texts (or pairs) at once, untruncated: one call into the tokenizers library, which lets
+        go of the GIL while it works (`encode` holds it)."""
+        tokenizer = self._tokenizer()
+        tokenizer.no_truncation()
+        return tokenizer.encode_batch(list(items))
+
     def count_tokens(self, text: str, pair: str | None = None) -> int:
         """Length with special tokens and without truncation."""
         return len(self.encode(text, pair)[0].ids)

@@ -17,9 +17,8 @@ TextInput = str | tuple[str, str]
 
 def prepare(tokenizer: TextTokenizer, inputs: list[TextInput], max_length: int, truncate: bool) -> list[Row]:
     rows = []
-    for index, item in enumerate(inputs):
+    for index, (item, encoding) in enumerate(zip(inputs, tokenizer.encode_batch(inputs), strict=True)):
         text, pair = (item, None) if isinstance(item, str) else item
-        encoding = tokenizer.encode(text, pair)[0]
         if len(encoding.ids) > max_length:
             if not truncate:
                 raise InvalidInput(

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.runtime import CPU, CUDA, choose_placement
+from service.engine.runtime import CPU, CUDA, choose_placement
 from service.settings import Settings
 from service.tasks import classification
 from tests.service.conftest import ROOT
@@ -102,7 +102,7 @@ def test_batch_budget_below_a_models_length_is_refused(tiny_repository: Path, tm
 
 def test_cuda_that_cannot_start_falls_back_to_the_cpu_variant_and_says_so(tiny_repository: Path, monkeypatch):
     """onnxruntime-gpu lists the CUDA provider even on a machine without a GPU (the gpu image on a CPU host)."""
-    from service import runtime
+    from service.engine import runtime
 
     monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [CUDA, CPU])
     entry = tiny_repository / "bert-qa"

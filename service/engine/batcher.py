@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 
-log = logging.getLogger("service.batcher")
+log = logging.getLogger("service.engine.batcher")
+_FAILED = object()  # a batch whose preparation failed: its requests are answered already
 
 
 class Sized(Protocol):
@@ -46,10 +47,47 @@ class Ticket:
     queue_seconds: float = 0.0  # longest wait of any of its rows
     inference_seconds: float = 0.0  # run time of the batches its rows were in
     inference_calls: int = 0
+    on_cancel: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
     def with_timeout(cls, seconds: float) -> Ticket:
         return cls(deadline=time.monotonic() + seconds)
+
+    def cancel(self) -> None:
+        """The client went away (or the deadline passed): drop the rows not run yet, tell whoever listens."""
+        if not self.cancelled:
+            self.cancelled = True
+            for callback in self.on_cancel:
+                callback()
+
+
+class _Request:
+    """One submit call's rows: their outputs gathered in order, one future for the whole request.
+
+    Cheaper than a future per row plus gather and wait_for: at thousands of requests a second that is the
+    engine's event loop."""
+
+    __slots__ = ("future", "outputs", "remaining")
+
+    def __init__(self, future: asyncio.Future, rows: int) -> None:
+        self.future = future
+        self.outputs: list[Any] = [None] * rows
+        self.remaining = rows
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_output(self, index: int, output: Any) -> None:
+        if self.future.done():
+            return
+        self.outputs[index] = output
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.future.set_result(self.outputs)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
 
 
 @dataclass(eq=False)
@@ -57,12 +95,13 @@ class _Item:
     row: Any
     length: int
     ticket: Ticket
-    future: asyncio.Future
+    request: _Request
+    index: int
     enqueued: float = field(default_factory=time.monotonic)
 
     @property
     def dead(self) -> bool:
-        return self.future.done() or self.ticket.cancelled or time.monotonic() > self.ticket.deadline
+        return self.request.done() or self.ticket.cancelled or time.monotonic() > self.ticket.deadline
 
 
 class Batcher:
@@ -77,9 +116,13 @@ class Batcher:
         max_queue_rows: int,
         max_padding_ratio: float = float("inf"),
         observer: BatchObserver | None = None,
+        prepare: Callable[[list[Any]], Any] | None = None,
+        padded_cost: Callable[[int, int], int] | None = None,
     ) -> None:
         self.name = name
         self._runner = runner
+        self._prepare = prepare
+        self._padded_cost = padded_cost or (lambda count, width: count * width)
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_s
@@ -89,11 +132,13 @@ class Batcher:
         self._pending: list[_Item] = []
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}")
+        self._prepare_executor = ThreadPoolExecutor(1, thread_name_prefix=f"prepare-{name}")
         self._task: asyncio.Task | None = None
+        self._running: asyncio.Task | None = None
 
-    @property
-    def queued_rows(self) -> int:
-        return len(self._pending)
+    async def run_on_worker(self, work: Callable[[], Any]) -> Any:
+        """Run `work` on the thread that runs the batches (warm-up must happen there: CUDA caches are per thread)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
@@ -102,11 +147,13 @@ class Batcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._running is not None:  # the batch on the device finishes and answers its requests
+            await asyncio.gather(self._running, return_exceptions=True)
         for item in self._pending:
-            if not item.future.done():
-                item.future.set_exception(NotReady("the server is shutting down"))
+            item.request.set_exception(NotReady("the server is shutting down"))
         self._pending.clear()
         self._executor.shutdown(wait=True)
+        self._prepare_executor.shutdown(wait=True)
 
     async def submit(self, rows: Sequence[Sized], ticket: Ticket) -> list[Any]:
         """Queue the rows, wait for all their outputs (in order) or the ticket's deadline."""
@@ -122,33 +169,69 @@ class Batcher:
         if len(self._pending) + len(rows) > self.max_queue_rows:
             raise Overloaded(f"model {self.name} has {len(self._pending)} rows queued; try again shortly")
         loop = asyncio.get_running_loop()
-        items = [_Item(row, len(row), ticket, loop.create_future()) for row in rows]
+        request = _Request(loop.create_future(), len(rows))
+        items = [_Item(row, len(row), ticket, request, index) for index, row in enumerate(rows)]
         self._pending.extend(items)
         self._report_depth()
         self._wakeup.set()
+        timer = loop.call_later(max(0.0, ticket.deadline - time.monotonic()), self._expire, request, ticket)
         try:
-            return await asyncio.wait_for(
-                asyncio.gather(*(item.future for item in items)), ticket.deadline - time.monotonic()
-            )
-        except TimeoutError:
-            ticket.cancelled = True
-            raise DeadlineExceeded(
+            return await request.future
+        finally:
+            timer.cancel()
+
+    def _expire(self, request: _Request, ticket: Ticket) -> None:
+        if request.done():
+            return
+        ticket.cancel()
+        rows = len(request.outputs)
+        request.set_exception(
+            DeadlineExceeded(
                 f"the request was not answered within its deadline (model {self.name}, "
-                f"{len(rows)} rows, {len(self._pending)} rows queued)"
-            ) from None
+                f"{rows} rows, {len(self._pending)} rows queued)"
+            )
+        )
 
     async def _loop(self) -> None:
+        """Take a batch, prepare it (padding) while the previous batch still runs, run it once the device is free.
+
+        While a batch runs, the next one is taken early only when a full batch is already waiting; otherwise rows
+        keep gathering until the device is free, so batches stay as large as the load allows."""
         while True:
             try:
                 await self._wait_for_work()
-                await self._wait_to_fill()
+                if self._running is not None and not self._running.done():
+                    await self._wait_for_full_batch_or_free_device()
+                if self._running is None or self._running.done():
+                    await self._wait_to_fill()
                 batch = self._take_batch()
-                if batch:
-                    await self._run(batch)
+                if not batch:
+                    continue
+                prepared = await self._prepared(batch)
+                if self._running is not None:
+                    await asyncio.gather(self._running, return_exceptions=True)
+                if prepared is not _FAILED:
+                    self._running = asyncio.get_running_loop().create_task(self._run(batch, prepared))
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let the loop die: log, and keep serving
                 log.exception("batcher %s: unexpected error", self.name)
+
+    async def _wait_for_full_batch_or_free_device(self) -> None:
+        while self._running is not None and not self._running.done() and not self._can_fill():
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    async def _prepared(self, batch: list[_Item]) -> Any:
+        rows = [item.row for item in batch]
+        if self._prepare is None:
+            return rows
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._prepare_executor, self._prepare, rows)
+        except Exception:
+            log.exception("batcher %s: preparing a batch of %d rows failed", self.name, len(batch))
+            self._fail(batch)
+            return _FAILED
 
     async def _wait_for_work(self) -> None:
         while not self._pending:
@@ -203,28 +286,25 @@ class Batcher:
         return batch
 
     def _fits(self, width: int, count: int, real_tokens: int) -> bool:
-        padded = width * count
+        padded = self._padded_cost(count, width)
         return padded <= self.max_batch_tokens and padded <= self.max_padding_ratio * real_tokens
 
-    async def _run(self, batch: list[_Item]) -> None:
+    async def _run(self, batch: list[_Item], prepared: Any) -> None:
         started = time.monotonic()
         for item in batch:
             item.ticket.queue_seconds = max(item.ticket.queue_seconds, started - item.enqueued)
         try:
-            outputs = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._runner, [item.row for item in batch]
-            )
+            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._runner, prepared)
             if len(outputs) != len(batch):
                 raise RuntimeError(f"runner returned {len(outputs)} outputs for {len(batch)} rows")
         except Exception:
             log.exception("batcher %s: a batch of %d rows failed", self.name, len(batch))
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(InferenceFailed("inference failed for this request's batch"))
+            self._fail(batch)
         else:
             for item, output in zip(batch, outputs, strict=True):
-                if not item.future.done():
-                    item.future.set_result(output)
+                item.request.set_output(item.index, output)
+        finally:
+            self._wakeup.set()  # the device is free: the loop may be waiting for that
         seconds = time.monotonic() - started
         for ticket in {id(item.ticket): item.ticket for item in batch}.values():
             ticket.inference_seconds += seconds
@@ -232,7 +312,12 @@ class Batcher:
         if self._observer is not None:
             width = max(item.length for item in batch)
             real = sum(item.length for item in batch)
-            self._observer.on_batch(len(batch), width * len(batch), real, seconds)
+            self._observer.on_batch(len(batch), self._padded_cost(len(batch), width), real, seconds)
+
+    @staticmethod
+    def _fail(batch: list[_Item]) -> None:
+        for item in batch:
+            item.request.set_exception(InferenceFailed("inference failed for this request's batch"))
 
     def _report_depth(self) -> None:
         if self._observer is not None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from service.batcher import Batcher, Ticket
+from service.engine.batcher import Batcher, Ticket
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Overloaded
 
 
@@ -116,12 +116,15 @@ def test_full_queue_is_refused_at_once() -> None:
         runner.gate.clear()  # the first batch blocks in the runner; everything else queues
         first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
         await asyncio.sleep(0.05)
-        blocked = asyncio.create_task(batcher.submit(rows("b", [5] * 8), Ticket.with_timeout(5)))
+        # a full batch is taken (and prepared) while the first one runs; the next one waits in the queue
+        prepared = asyncio.create_task(batcher.submit(rows("b", [5] * 8), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        blocked = asyncio.create_task(batcher.submit(rows("c", [5] * 8), Ticket.with_timeout(5)))
         await asyncio.sleep(0.01)
         with pytest.raises(Overloaded) as refused:
-            await batcher.submit(rows("c", [5] * 3), Ticket.with_timeout(5))
+            await batcher.submit(rows("d", [5] * 3), Ticket.with_timeout(5))
         runner.gate.set()
-        await asyncio.gather(first, blocked)
+        await asyncio.gather(first, prepared, blocked)
         return refused.value
 
     error = run(scenario, max_queue_rows=10)

@@ -1,0 +1,5 @@
+import sys
+
+from service.engine.server import main
+
+sys.exit(main())

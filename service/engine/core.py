@@ -1,0 +1,141 @@
+"""The engine: every model's ONNX Runtime session and batcher on one device. Knows nothing of HTTP or text.
+
+Rows (token ids) come in, per-row outputs go out. It runs inside the server process (in-process mode) or in an
+engine process of its own that front-end processes reach over a socket (service.engine.server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from service.engine.batcher import Batcher, Ticket
+from service.engine.runtime import ModelRuntime
+from service.errors import ModelFailed, ModelNotFound, NotReady
+from service.metrics import Metrics
+from service.repository import StartupError, discover, one_line, read_config
+from service.settings import Settings
+from service.tasks.base import Row
+
+log = logging.getLogger("service.engine")
+
+
+@dataclass
+class EngineModel:
+    name: str
+    status: str = "loading"  # loading -> ready | failed
+    error: str | None = None
+    runtime: ModelRuntime | None = None
+    batcher: Batcher | None = None
+    warmed_shapes: int = 0
+
+    def state(self) -> dict[str, Any]:
+        """What the front-ends need to know of this model (plain data: it crosses the process boundary)."""
+        runtime = self.runtime
+        return {
+            "status": self.status,
+            "error": self.error,
+            "provider": runtime.provider if runtime else None,
+            "variant": runtime.variant if runtime else None,
+            "note": runtime.placement.note if runtime else None,
+            "shape_buckets": len(runtime.grid.shapes) if runtime and runtime.grid else 0,
+            "cuda_graphs": bool(runtime and runtime.graphs is not None),
+            "warmed_shapes": self.warmed_shapes,
+        }
+
+
+class EngineCore:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.models: dict[str, EngineModel] = {}
+        self.warmed_up = False
+        self.on_change: Callable[[], None] = lambda: None  # called when a model's state changes
+
+    def load(self) -> None:
+        """Open every entry's session. StartupError where a model fails and --load-failure is fail."""
+        for entry in discover(self.settings):
+            model = EngineModel(entry.name)
+            self.models[entry.name] = model
+            try:
+                model.runtime = ModelRuntime(entry, read_config(entry), self.settings)
+            except Exception as exc:
+                model.status, model.error = "failed", one_line(exc, self.settings)
+                log.error("model %s failed to load: %s", model.name, model.error)
+                if self.settings.load_failure == "fail":
+                    raise StartupError(f"model {model.name} failed to load: {model.error}") from exc
+                continue
+            runtime = model.runtime
+            log.info("model %s: %s (%s)", model.name, runtime.provider, runtime.variant)
+            if runtime.placement.note:
+                log.warning("model %s: %s", model.name, runtime.placement.note)
+            self.metrics.model_info.labels(
+                model.name, runtime.config["task"], runtime.config["architecture"], runtime.variant, runtime.provider
+            ).set(1)
+
+    def start(self) -> None:
+        for model in self.models.values():
+            runtime = model.runtime
+            if runtime is None:
+                continue
+            model.batcher = Batcher(
+                model.name,
+                runtime.execute,
+                prepare=runtime.prepare,
+                padded_cost=runtime.padded_cost,
+                max_batch_size=self.settings.max_batch_size,
+                max_batch_tokens=max(self.settings.max_batch_tokens, runtime.max_length),
+                max_wait_s=self.settings.max_wait_ms / 1000,
+                max_queue_rows=self.settings.max_queue_rows,
+                max_padding_ratio=self._padding_ratio(runtime),
+                observer=self.metrics.observer(model.name),
+            )
+            model.batcher.start()
+
+    def _padding_ratio(self, runtime: ModelRuntime) -> float:
+        """On a grid of shapes the bucket decides the padding: a ratio cap would only split batches needlessly."""
+        return float("inf") if runtime.grid is not None else self.settings.max_padding_ratio
+
+    async def warm_up(self) -> None:
+        """Run every model at each warm-up shape on its batch thread, then mark it ready."""
+        for model in self.models.values():
+            if model.runtime is None or model.batcher is None:
+                continue
+            if self.settings.warmup:
+                started = asyncio.get_running_loop().time()
+                try:
+                    model.warmed_shapes = await model.batcher.run_on_worker(model.runtime.warm_up)
+                except Exception as exc:
+                    model.status, model.error = "failed", f"warm-up failed: {one_line(exc, self.settings)}"
+                    log.error("model %s: %s", model.name, model.error)
+                    self.on_change()
+                    continue
+                log.info(
+                    "model %s: warmed up %d shapes in %.1f s",
+                    model.name,
+                    model.warmed_shapes,
+                    asyncio.get_running_loop().time() - started,
+                )
+            model.status = "ready"
+            self.on_change()
+        self.warmed_up = True
+        self.on_change()
+
+    async def infer(self, name: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]:
+        model = self.models.get(name)
+        if model is None:
+            raise ModelNotFound(f"no model named {name!r}; GET /v1/models lists the served models")
+        if model.status == "failed":
+            raise ModelFailed(f"model {name} failed to load: {model.error}")
+        if model.status != "ready" or model.batcher is None:
+            raise NotReady(f"model {name} is still loading")
+        return await model.batcher.submit(rows, ticket)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(m.batcher.stop() for m in self.models.values() if m.batcher is not None))
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        return {name: model.state() for name, model in self.models.items()}

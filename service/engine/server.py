@@ -1,0 +1,162 @@
+"""The engine process: an EngineCore behind a unix socket that front-end processes connect to.
+
+`python -m service.engine --socket PATH` (settings from BERTSERVE_* variables, as the launcher passes them).
+Every connection gets the models' state at once and again on every change; requests run concurrently, each
+answered by id in whatever order they finish. A connection that closes cancels its requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from service import protocol
+from service.engine.batcher import Ticket
+from service.engine.core import EngineCore
+from service.errors import InferenceFailed, ServiceError
+from service.metrics import Metrics
+from service.repository import StartupError
+from service.settings import Settings
+from service.tasks.base import Row
+
+log = logging.getLogger("service.engine.server")
+
+
+class EngineServer:
+    def __init__(self, core: EngineCore, path: Path) -> None:
+        self.core = core
+        self.path = path
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._requests: set[asyncio.Task] = set()
+        core.on_change = self._broadcast_state
+
+    async def start(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self._server = await asyncio.start_unix_server(self._connection, path=str(self.path))
+
+    async def stop(self) -> None:
+        """No new connections; requests in flight finish and are answered; then the sessions close."""
+        if self._server is not None:
+            self._server.close()
+        if self._requests:
+            await asyncio.gather(*self._requests, return_exceptions=True)
+        await self.core.stop()
+        for writer in list(self._writers):
+            writer.close()
+        self.path.unlink(missing_ok=True)
+
+    def _state(self) -> bytes:
+        return protocol.encode({"op": "state", "ready": self.core.warmed_up, "models": self.core.states()})
+
+    def _broadcast_state(self) -> None:
+        frame = self._state()
+        for writer in self._writers:
+            writer.write(frame)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        tickets: dict[int, Ticket] = {}
+        writer.write(self._state())
+        try:
+            while True:
+                frame = await protocol.read_frame(reader)
+                op, request_id = frame.header.get("op"), int(frame.header.get("id", -1))
+                if op == "infer":
+                    ticket = Ticket.with_timeout(float(frame.header["timeout"]))
+                    tickets[request_id] = ticket
+                    task = asyncio.create_task(self._infer(writer, frame, ticket, tickets))
+                    self._requests.add(task)
+                    task.add_done_callback(self._requests.discard)
+                elif op == "cancel" and request_id in tickets:
+                    tickets[request_id].cancel()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the front-end went away
+        except Exception:
+            log.exception("engine: a connection sent a frame that cannot be read; closing it")
+        finally:
+            self._writers.discard(writer)
+            for ticket in tickets.values():
+                ticket.cancel()
+            writer.close()
+
+    async def _infer(self, writer: asyncio.StreamWriter, frame: protocol.Frame, ticket: Ticket, tickets: dict) -> None:
+        header, request_id = frame.header, int(frame.header["id"])
+        try:
+            lengths = [int(n) for n in header["lengths"]]
+            ids = protocol.split_rows(frame.arrays["input_ids"], lengths)
+            types = protocol.split_rows(frame.arrays["token_type_ids"], lengths)
+            outputs = await self.core.infer(
+                str(header["model"]), [Row(i, t) for i, t in zip(ids, types, strict=True)], ticket
+            )
+            per_token = self.core.models[str(header["model"])].runtime.per_token  # type: ignore[union-attr]
+            reply = protocol.encode(
+                {"op": "result", "id": request_id, "per_token": per_token, "timings": _timings(ticket)},
+                protocol.pack_outputs(outputs, per_token),
+            )
+        except ServiceError as exc:
+            reply = protocol.encode(protocol.error_header(request_id, exc))
+        except Exception:
+            log.exception("engine: request %d failed", request_id)
+            reply = protocol.encode(protocol.error_header(request_id, InferenceFailed("inference failed")))
+        finally:
+            tickets.pop(request_id, None)
+        if not writer.is_closing():
+            writer.write(reply)
+
+
+def _timings(ticket: Ticket) -> dict[str, Any]:
+    return {
+        "queue_s": ticket.queue_seconds,
+        "inference_s": ticket.inference_seconds,
+        "inference_calls": ticket.inference_calls,
+    }
+
+
+async def serve(settings: Settings, path: Path) -> None:
+    core = EngineCore(settings, Metrics())
+    core.load()
+    core.start()
+    server = EngineServer(core, path)
+    await server.start()
+    log.info("engine: listening on %s", path)
+    warm_up = asyncio.create_task(core.warm_up(), name="warm-up")
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    log.info("engine: stopping")
+    warm_up.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await warm_up
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m service.engine", description=__doc__)
+    parser.add_argument("--socket", type=Path, required=True, help="unix socket to listen on")
+    args = parser.parse_args(argv)
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        _run(serve(settings, args.socket))
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _run(coroutine: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
+        asyncio.run(coroutine)
+    else:
+        uvloop.run(coroutine)

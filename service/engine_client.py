@@ -1,0 +1,193 @@
+"""How the front-end reaches the engine: in this process (`LocalEngine`) or an engine process (`RemoteEngine`).
+
+Both take unpadded rows and a ticket and give back per-row outputs, raise the same domain errors, and report
+the models' state (status, provider, variant) for `/readyz` and `/v1/models`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from service import protocol
+from service.engine.batcher import Ticket
+from service.engine.core import EngineCore
+from service.errors import DeadlineExceeded, EngineUnavailable
+from service.metrics import Metrics
+from service.settings import Settings
+from service.tasks.base import Row
+
+log = logging.getLogger("service.engine_client")
+RECONNECT_S = 0.1
+REPLY_GRACE_S = 1.0  # the engine answers a deadline itself; this only covers a reply still on its way
+
+
+class Engine(Protocol):
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def ready(self) -> bool: ...
+    def states(self) -> dict[str, dict[str, Any]]: ...
+    async def start(self, on_change: Callable[[], None]) -> None: ...
+    async def infer(self, model: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]: ...
+    async def stop(self) -> None: ...
+
+
+class LocalEngine:
+    """The engine runs in this process and event loop (in-process mode: a 2-core CPU, tests)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.core = EngineCore(settings, metrics)
+        self._warm_up: asyncio.Task | None = None
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    @property
+    def ready(self) -> bool:
+        return self.core.warmed_up
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        return self.core.states()
+
+    async def start(self, on_change: Callable[[], None]) -> None:
+        self.core.on_change = on_change
+        self.core.load()  # StartupError where a model fails and --load-failure is fail
+        self.core.start()
+        on_change()
+        self._warm_up = asyncio.create_task(self.core.warm_up(), name="warm-up")
+
+    async def infer(self, model: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]:
+        return await self.core.infer(model, rows, ticket)
+
+    async def stop(self) -> None:
+        if self._warm_up is not None:
+            self._warm_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._warm_up
+        await self.core.stop()
+
+
+class RemoteEngine:
+    """An engine process behind a unix socket. Reconnects when it restarts; requests in flight meanwhile fail
+    with EngineUnavailable (503), and the models read as not ready until the new engine says they are."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._writer: asyncio.StreamWriter | None = None
+        self._states: dict[str, dict[str, Any]] = {}
+        self._ready = False
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self._task: asyncio.Task | None = None
+        self._on_change: Callable[[], None] = lambda: None
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None
+
+    @property
+    def ready(self) -> bool:
+        return self.connected and self._ready
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        return self._states
+
+    async def start(self, on_change: Callable[[], None]) -> None:
+        self._on_change = on_change
+        self._task = asyncio.create_task(self._stay_connected(), name="engine-connection")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def infer(self, model: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]:
+        writer = self._writer
+        if writer is None:
+            raise EngineUnavailable("the engine is not connected (starting or restarting); try again shortly")
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        lengths = [len(row) for row in rows]
+        arrays = protocol.pack_rows([row.input_ids for row in rows], [row.token_type_ids for row in rows])
+        timeout = ticket.deadline - time.monotonic()
+        header = {"op": "infer", "id": request_id, "model": model, "timeout": timeout, "lengths": lengths}
+        writer.write(protocol.encode(header, arrays))
+        ticket.on_cancel.append(lambda: self._cancel(request_id))
+        try:
+            frame: protocol.Frame = await asyncio.wait_for(future, timeout + REPLY_GRACE_S)
+        except TimeoutError:
+            self._cancel(request_id)
+            raise DeadlineExceeded(f"the request was not answered within its deadline (model {model})") from None
+        finally:
+            self._pending.pop(request_id, None)
+        if frame.header["op"] == "error":
+            protocol.raise_error(frame.header)
+        timings = frame.header.get("timings", {})
+        ticket.queue_seconds = float(timings.get("queue_s", 0.0))
+        ticket.inference_seconds = float(timings.get("inference_s", 0.0))
+        ticket.inference_calls = int(timings.get("inference_calls", 0))
+        return protocol.unpack_outputs(frame.arrays, lengths, bool(frame.header.get("per_token")))
+
+    def _cancel(self, request_id: int) -> None:
+        if self._writer is not None and request_id in self._pending:
+            self._writer.write(protocol.encode({"op": "cancel", "id": request_id}))
+
+    async def _stay_connected(self) -> None:
+        announced = False
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(str(self.path))
+            except OSError:
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            self._writer = writer
+            log.info("connected to the engine at %s", self.path)
+            announced = False
+            try:
+                await self._read(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            except Exception:
+                log.exception("the engine sent a frame that cannot be read")
+            finally:
+                self._writer = None
+                self._ready = False
+                self._states = {}
+                writer.close()
+                self._fail_pending()
+                self._on_change()
+            if not announced:
+                log.error("lost the engine; requests in flight answered 503; reconnecting")
+                announced = True
+            await asyncio.sleep(RECONNECT_S)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            frame = await protocol.read_frame(reader)
+            op = frame.header.get("op")
+            if op == "state":
+                self._states = frame.header["models"]
+                self._ready = bool(frame.header["ready"])
+                self._on_change()
+            elif op in ("result", "error"):
+                future = self._pending.get(int(frame.header["id"]))
+                if future is not None and not future.done():
+                    future.set_result(frame)
+
+    def _fail_pending(self) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(
+                    EngineUnavailable("the engine stopped while this request was in flight; try again shortly")
+                )
+        self._pending.clear()

@@ -1,0 +1,32 @@
+"""A front-end process: HTTP, validation, tokenization and post-processing, in front of an engine process.
+
+`python -m service.frontend --engine-socket PATH` (settings from BERTSERVE_* variables, as the launcher passes
+them). Several run side by side on one port (SO_REUSEPORT); each has its own GIL, so tokenization and JSON of
+many requests proceed in parallel while one engine process keeps the device busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from service.app import create_app
+from service.http_server import serve, shared_port_socket
+from service.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m service.frontend", description=__doc__)
+    parser.add_argument("--engine-socket", type=Path, required=True, help="the engine process's unix socket")
+    args = parser.parse_args(argv)
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sock = shared_port_socket(settings.host, settings.port)
+    started = serve(create_app(settings, engine_socket=args.engine_socket), settings, sockets=[sock])
+    return 0 if started else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

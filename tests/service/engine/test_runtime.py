@@ -1,0 +1,131 @@
+"""The runtime on a real session: shape buckets pad without changing answers, and warm-up covers the grid."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.engine.batcher import Batcher, Ticket
+from service.engine.core import EngineCore
+from service.engine.runtime import ModelRuntime
+from service.metrics import Metrics
+from service.settings import Settings
+from service.tasks.base import Row
+
+BUCKETS = {"shape_buckets": "on", "max_batch_size": 8, "max_batch_tokens": 512, "bucket_width_step": 16}
+
+
+def runtime_for(entry: Path, **settings: object) -> ModelRuntime:
+    config = json.loads((entry / "model.json").read_text())
+    return ModelRuntime(entry, config, Settings(device="cpu", threads=1, **settings))
+
+
+def random_rows(count: int, seed: int, max_length: int = 60) -> list[Row]:
+    generator = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        n = int(generator.integers(3, max_length))
+        ids = generator.integers(5, 90, n).astype(np.int64)
+        rows.append(Row(ids, np.zeros(n, dtype=np.int64)))
+    return rows
+
+
+def test_the_cpu_keeps_exact_length_batches_unless_buckets_are_asked_for(tiny_repository: Path) -> None:
+    exact = runtime_for(tiny_repository / "bert-classification")
+    assert exact.grid is None and exact.graphs is None
+    assert exact.prepare(random_rows(3, seed=1)).shape == (3, max(len(r) for r in random_rows(3, seed=1)))
+    bucketed = runtime_for(tiny_repository / "bert-classification", **BUCKETS)
+    assert bucketed.grid is not None and bucketed.graphs is None  # CUDA graphs only on CUDA
+    rows = random_rows(3, seed=1)
+    assert bucketed.prepare(rows).shape == bucketed.grid.bucket(3, max(len(r) for r in rows))
+
+
+@pytest.mark.parametrize("cell", ["bert-classification", "roberta-ner", "distilbert-qa"])
+def test_padding_to_a_bucket_does_not_change_any_rows_outputs(tiny_repository: Path, cell: str) -> None:
+    exact = runtime_for(tiny_repository / cell)
+    bucketed = runtime_for(tiny_repository / cell, **BUCKETS)
+    for seed, count in enumerate((1, 3, 5, 8)):
+        rows = random_rows(count, seed)
+        want, got = exact.run(rows), bucketed.run(rows)
+        assert len(got) == count
+        for w, g in zip(want, got, strict=True):
+            assert w.keys() == g.keys()
+            for name in w:
+                assert g[name].shape == w[name].shape
+                np.testing.assert_allclose(g[name], w[name], atol=1e-4)
+
+
+def test_warm_up_runs_every_bucket_on_the_batch_thread_and_batches_stay_in_the_grid(tiny_repository: Path) -> None:
+    settings = Settings(device="cpu", threads=1, **BUCKETS)
+    core = EngineCore(
+        settings.model_copy(update={"models": ["bert-classification"], "repository": tiny_repository}), Metrics()
+    )
+    core.load()
+    runtime = core.models["bert-classification"].runtime
+    assert runtime is not None and runtime.grid is not None
+    shapes: list[tuple[int, int]] = []
+    threads: set[str] = set()
+    execute = runtime.execute
+
+    def recording(batch):
+        shapes.append(batch.shape)
+        threads.add(threading.current_thread().name)
+        return execute(batch)
+
+    runtime.execute = recording  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        core.start()
+        try:
+            await core.warm_up()
+            warmed = set(shapes)
+            assert warmed == set(runtime.grid.shapes) and len(shapes) == len(runtime.grid.shapes)
+            assert core.models["bert-classification"].state()["warmed_shapes"] == len(warmed)
+            shapes.clear()
+            rng = random.Random(7)
+            requests = [random_rows(rng.randint(1, 6), seed) for seed in range(40)]
+            await asyncio.gather(*(core.infer("bert-classification", r, Ticket.with_timeout(30)) for r in requests))
+            assert shapes and set(shapes) <= warmed
+        finally:
+            await core.stop()
+
+    asyncio.run(scenario())
+    assert threads == {"infer-bert-classification_0"}
+
+
+def test_a_prepare_failure_fails_only_that_batch() -> None:
+    def prepare(rows: list[str]) -> list[str]:
+        if "bad" in rows:
+            raise RuntimeError("cannot pad")
+        return rows
+
+    async def scenario() -> tuple[BaseException | list[str], ...]:
+        batcher = Batcher(
+            "t",
+            lambda prepared: [f"out:{r}" for r in prepared],
+            prepare=prepare,
+            max_batch_size=1,
+            max_batch_tokens=100,
+            max_wait_s=0.0,
+            max_queue_rows=10,
+        )
+        batcher.start()
+        try:
+            return tuple(
+                await asyncio.gather(
+                    batcher.submit(["bad"], Ticket.with_timeout(5)),
+                    batcher.submit(["good"], Ticket.with_timeout(5)),
+                    return_exceptions=True,
+                )
+            )
+        finally:
+            await batcher.stop()
+
+    failed, answered = asyncio.run(scenario())
+    assert type(failed).__name__ == "InferenceFailed" and answered == ["out:good"]

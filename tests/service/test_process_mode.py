@@ -1,0 +1,157 @@
+"""Process mode through real processes: a launcher, an engine process and front-end processes on one port.
+
+The same answers as the in-process server, one /metrics view over every process, an engine that dies is
+restarted while its in-flight requests get a clear 503, and SIGTERM drains the front-ends before the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.test_scheduling import metric
+
+MODELS = "bert-classification,distilbert-ner,albert-qa"
+PROCESS = ("--engine-mode", "process", "--frontends", "2", "--models", MODELS)
+SENTENCES = ["a gorgeous, witty, seductive movie.", "the plot is nothing but boilerplate clichés", "ok"]
+CONTEXT = "Peter Blackburn met Maria Lopez in Brussels on Tuesday to talk about trade and lamb. "
+
+
+def ask_everything(url: str) -> list[dict]:
+    with httpx.Client(base_url=url, timeout=30) as client:
+        return [
+            client.post("/v1/models/bert-classification/classify", json={"inputs": SENTENCES, "top_k": None}).json(),
+            client.post("/v1/models/distilbert-ner/ner", json={"inputs": [CONTEXT * 3]}).json(),
+            client.post(
+                "/v1/models/albert-qa/qa", json={"inputs": [{"question": "Who met?", "context": CONTEXT * 4}]}
+            ).json(),
+        ]
+
+
+def scores_close(got: object, want: object) -> bool:
+    """Equal structure and text; floats within 1e-5."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(scores_close(got[k], want[k]) for k in got)
+    if isinstance(got, list) and isinstance(want, list):
+        return len(got) == len(want) and all(scores_close(a, b) for a, b in zip(got, want, strict=True))
+    if isinstance(got, float) and isinstance(want, float):
+        return abs(got - want) < 1e-5
+    return got == want
+
+
+def engine_pids(log: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"engine started \(pid (\d+)\)", log)]
+
+
+def wait_for(condition, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def process_server(tiny_repository: Path, server_factory):
+    return server_factory(tiny_repository, *PROCESS)
+
+
+def test_process_mode_answers_as_the_in_process_server(process_server, tiny_server) -> None:
+    assert "process mode: 1 engine, 2 front-ends" in process_server.log()
+    got, want = ask_everything(process_server.url), ask_everything(tiny_server.url)
+    assert all("results" in answer for answer in got), got
+    assert scores_close(got, want)
+    models = httpx.get(process_server.url + "/v1/models").json()["models"]
+    assert {m["name"]: (m["status"], m["provider"], m["variant"]) for m in models} == {
+        name: ("ready", "CPUExecutionProvider", "fp32") for name in MODELS.split(",")
+    }
+
+
+def test_metrics_are_one_view_over_every_process(process_server) -> None:
+    before = metric(process_server, "bertserve_requests_total", model="bert-classification")
+    batches_before = metric(process_server, "bertserve_batch_size_count", model="bert-classification")
+    for _ in range(10):  # new connections: the kernel spreads them over both front-ends
+        response = httpx.post(
+            process_server.url + "/v1/models/bert-classification/classify", json={"inputs": ["fine"]}, timeout=30
+        )
+        assert response.status_code == 200
+    # whichever front-end answers the scrape, it counts every front-end's requests and the engine's batches
+    for _ in range(4):
+        assert metric(process_server, "bertserve_requests_total", model="bert-classification") - before == 10
+        assert metric(process_server, "bertserve_batch_size_count", model="bert-classification") - batches_before >= 1
+    assert metric(process_server, "bertserve_model_ready", model="albert-qa") == 1
+
+
+def test_an_engine_that_dies_is_restarted_and_its_requests_get_503(tiny_repository: Path, server_factory) -> None:
+    server = server_factory(tiny_repository, *PROCESS, "--max-batch-size", "1")
+    first_engine = engine_pids(server.log())[-1]
+    outcomes: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def ask(_: int) -> None:
+        body = {"inputs": [{"question": "Who met whom?", "context": CONTEXT * 12}] * 6}
+        response = httpx.post(server.url + "/v1/models/albert-qa/qa", json=body, timeout=30)
+        with lock:
+            outcomes.append((response.status_code, response.json().get("error_type", "")))
+
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(ask, i) for i in range(6)]
+        time.sleep(0.5)  # requests in flight in the engine
+        os.kill(first_engine, signal.SIGKILL)
+        readiness = [httpx.get(server.url + "/readyz").status_code for _ in range(3)]
+        for future in futures:
+            future.result()
+    assert 503 in readiness, readiness  # the front-ends noticed at once that their engine is gone
+    assert outcomes and all(status in (200, 503) for status, _ in outcomes), outcomes
+    assert any(status == 503 for status, _ in outcomes), "no request was in flight when the engine died"
+    assert all(kind == "unavailable" for status, kind in outcomes if status == 503)
+    # ready again once the new engine has loaded and warmed up
+    assert wait_for(lambda: len(engine_pids(server.log())) == 2), server.log()
+    assert wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 200), server.log()
+    assert "exited with -9; restarting it" in server.log()
+    assert all("results" in answer for answer in ask_everything(server.url))
+
+
+def test_sigterm_drains_the_front_ends_then_stops_the_engine(tiny_repository: Path, server_factory) -> None:
+    server = server_factory(tiny_repository, *PROCESS, "--max-batch-size", "2")
+    results: list[int | str] = []
+    lock = threading.Lock()
+
+    def ask(_: int) -> None:
+        try:
+            body = {"inputs": [{"question": "Who met?", "context": CONTEXT * 6}] * 8}
+            outcome: int | str = httpx.post(server.url + "/v1/models/albert-qa/qa", json=body, timeout=30).status_code
+        except httpx.TransportError as exc:  # refused: arrived after the listeners closed
+            outcome = type(exc).__name__
+        with lock:
+            results.append(outcome)
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(ask, i) for i in range(16)]
+        time.sleep(0.3)
+        server.process.send_signal(signal.SIGTERM)
+        for future in futures:
+            future.result()
+    assert server.process.wait(60) == 0
+    assert results.count(200) >= 1 and all(r in (200, 503) for r in results if isinstance(r, int)), results
+    log = server.log()
+    assert log.rindex("Application shutdown complete") < log.index("engine: stopping") < log.index("stopped")
+
+
+def test_a_model_that_cannot_load_stops_process_mode_at_start(tiny_repository: Path, tmp_path: Path, server_factory):
+    (tmp_path / "broken").mkdir()
+    for name in ("model.json", "tokenizer.json"):
+        (tmp_path / "broken" / name).write_bytes((tiny_repository / "bert-ner" / name).read_bytes())
+    (tmp_path / "broken" / "model.fp32.onnx").write_bytes(b"not an onnx graph")
+    server = server_factory(tmp_path, "--engine-mode", "process", "--load-failure", "fail", wait_ready=False)
+    assert server.process.wait(60) == 2
+    assert "error: model broken failed to load" in server.log()
