@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Task = Literal["classification", "ner", "qa"]
-TASKS: tuple[Task, ...] = ("classification", "ner", "qa")
+from export.model_config import TASKS, Task
+
+__all__ = ["TASKS", "Task"]
 
 
 @dataclass(frozen=True)

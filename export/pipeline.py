@@ -19,7 +19,8 @@ from export.checkpoint import Checkpoint, load_checkpoint
 from export.errors import ExportError, first_line
 from export.fusion import check_attention_fused, optimize
 from export.graph import DEFAULT_OPSET, export_onnx
-from export.repository import FORMAT_VERSION, check_name, staged_entry, write_config
+from export.model_config import FORMAT_VERSION
+from export.repository import check_name, staged_entry, write_config
 from export.validation import (
     FP32_TOLERANCE,
     Case,

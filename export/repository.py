@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from export.errors import ExportError
+from export.model_config import MODEL_CONFIG, ModelConfig
 
-MODEL_CONFIG = "model.json"
-FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
@@ -69,6 +68,7 @@ def _replace(staging: Path, target: Path) -> None:
 
 
 def write_config(entry: Path, config: dict[str, Any]) -> None:
+    ModelConfig.parse(config)  # what is written is what the server can read
     (entry / MODEL_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 

@@ -81,7 +81,7 @@ class RemoteEngine:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: protocol.FrameWriter | None = None
         self._states: dict[str, dict[str, Any]] = {}
         self._ready = False
         self._pending: dict[int, asyncio.Future] = {}
@@ -150,7 +150,7 @@ class RemoteEngine:
             except OSError:
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            self._writer = writer
+            self._writer = protocol.FrameWriter(writer)
             log.info("connected to the engine at %s", self.path)
             announced = False
             try:

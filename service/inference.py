@@ -87,7 +87,7 @@ class Inference:
             inline=sum(len(text) for _, text in texts) <= INLINE_CHARS,
         )
         outputs = await self._run(model, rows, ticket, timings)
-        labels, problem_type = model.labels, model.config.get("problem_type")
+        labels, problem_type = model.labels, model.config.problem_type if model.config else None
         results = [classification.postprocess(out["logits"], labels, problem_type, top_k) for out in outputs]
         return results, timings
 

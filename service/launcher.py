@@ -89,7 +89,13 @@ class Launcher:
         metrics_dir.mkdir()
         self.metrics_dir = metrics_dir
         self.socket_path = self.workdir / "engine.sock"
-        self.env = {**os.environ, **settings.to_env(), MULTIPROCESS_DIR: str(metrics_dir)}
+        # several front-ends share the cores: the tokenizers library's own thread pool in each would only fight
+        self.env = {
+            "TOKENIZERS_PARALLELISM": "false",
+            **os.environ,
+            **settings.to_env(),
+            MULTIPROCESS_DIR: str(metrics_dir),
+        }
         python = sys.executable
         self.engine = Child("engine", [python, "-m", "service.engine", "--socket", str(self.socket_path)])
         self.frontends = [

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from export.model_config import ModelConfig
 from service.engine_client import Engine
 from service.errors import EngineUnavailable, ModelFailed, ModelNotFound, NotReady
 from service.metrics import Metrics
@@ -24,7 +25,7 @@ log = logging.getLogger("service.registry")
 class ServedModel:
     name: str
     entry: Path
-    config: dict[str, Any] = field(default_factory=dict)
+    config: ModelConfig | None = None
     tokenizer: TextTokenizer | None = None
     error: str | None = None  # the front-end's own failure (config, tokenizer)
     engine_state: dict[str, Any] = field(default_factory=dict)
@@ -42,15 +43,17 @@ class ServedModel:
 
     @property
     def task(self) -> str | None:
-        return self.config.get("task")
+        return self.config.task if self.config else None
 
     @property
     def labels(self) -> list[str]:
-        return list(self.config.get("labels") or [])
+        return list(self.config.labels) if self.config else []
 
     @property
     def max_length(self) -> int:
-        return int(self.config["max_length"])
+        if self.config is None:
+            raise ModelFailed(f"model {self.name} failed to load: {self.failure}")
+        return self.config.max_length
 
 
 class ModelRegistry:
@@ -67,8 +70,8 @@ class ModelRegistry:
             self.models[entry.name] = model
             try:
                 model.config = read_config(entry)
-                tokenizer = model.config["tokenizer"]
-                model.tokenizer = TextTokenizer(entry / tokenizer["file"], int(tokenizer["pad_token_id"] or 0))
+                spec = model.config.tokenizer
+                model.tokenizer = TextTokenizer(entry / spec.file, spec.pad_token_id)
             except Exception as exc:
                 model.error = one_line(exc, self.settings)
                 log.error("model %s failed to load: %s", model.name, model.error)

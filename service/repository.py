@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
+from export.model_config import MODEL_CONFIG, ModelConfig
 from service.settings import Settings
-
-MODEL_CONFIG = "model.json"
-SUPPORTED_FORMAT = 1
-TASKS = ("classification", "ner", "qa")
 
 
 class StartupError(Exception):
@@ -48,14 +44,9 @@ def _check_budget(entry: Path, settings: Settings) -> None:
         )
 
 
-def read_config(entry: Path) -> dict[str, Any]:
+def read_config(entry: Path) -> ModelConfig:
     """An entry's model.json, checked for what the server relies on (ValueError/OSError otherwise)."""
-    config = json.loads((entry / MODEL_CONFIG).read_text(encoding="utf-8"))
-    if config.get("format_version") != SUPPORTED_FORMAT:
-        raise ValueError(f"{MODEL_CONFIG} format_version {config.get('format_version')!r} is not {SUPPORTED_FORMAT}")
-    if config.get("task") not in TASKS:
-        raise ValueError(f"unknown task {config.get('task')!r}")
-    return config
+    return ModelConfig.read(entry)
 
 
 def one_line(exc: BaseException, settings: Settings | None = None) -> str:

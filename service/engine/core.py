@@ -73,7 +73,7 @@ class EngineCore:
             if runtime.placement.note:
                 log.warning("model %s: %s", model.name, runtime.placement.note)
             self.metrics.model_info.labels(
-                model.name, runtime.config["task"], runtime.config["architecture"], runtime.variant, runtime.provider
+                model.name, runtime.config.task, runtime.config.architecture, runtime.variant, runtime.provider
             ).set(1)
 
     def start(self) -> None:

@@ -8,6 +8,7 @@ A batch goes through two steps so that the engine can prepare batch N+1 while ba
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from export.model_config import ModelConfig
 from service.engine.buckets import ShapeGrid
 from service.settings import Settings
 from service.tasks.base import Row
@@ -33,7 +35,7 @@ class Placement:
     note: str | None = None  # why it is not what was asked for, when it is not
 
 
-def choose_placement(settings: Settings, variants: dict[str, Any], available: list[str]) -> Placement:
+def choose_placement(settings: Settings, variants: Mapping[str, Any], available: list[str]) -> Placement:
     """CUDA with fp16 where asked for (or 'auto') and possible; otherwise the CPU with the configured variant."""
     cpu_variant = settings.cpu_variant if settings.cpu_variant in variants else "fp32"
     if settings.device in ("cuda", "auto"):
@@ -60,11 +62,11 @@ class PreparedBatch:
 class ModelRuntime:
     """Runs unpadded rows: pads them into one batch, runs the session, hands back each row's own outputs."""
 
-    def __init__(self, entry: Path, config: dict[str, Any], settings: Settings) -> None:
-        self.placement = choose_placement(settings, config["variants"], ort.get_available_providers())
+    def __init__(self, entry: Path, config: ModelConfig, settings: Settings) -> None:
+        self.placement = choose_placement(settings, config.variants, ort.get_available_providers())
         self.settings = settings
         self.entry, self.config = entry, config
-        self.max_length = int(config["max_length"])
+        self.max_length = config.max_length
         self.grid = self._grid(settings)
         try:
             self.session = self._open(use_cuda_graphs=self._wants_cuda_graphs())
@@ -76,15 +78,15 @@ class ModelRuntime:
         else:
             reason = "onnxruntime fell back to the CPU"
         if not started:  # onnxruntime-gpu lists CUDA even where no GPU can be used: run the CPU variant instead
-            cpu = choose_placement(settings.model_copy(update={"device": "cpu"}), config["variants"], [CPU])
+            cpu = choose_placement(settings.model_copy(update={"device": "cpu"}), config.variants, [CPU])
             self.placement = Placement(cpu.variant, CPU, note=f"{CUDA} could not start ({reason}); running on the CPU")
             log.warning("%s: %s", entry.name, self.placement.note)
             self.grid = self._grid(settings)
             self.session = self._open(use_cuda_graphs=False)
         self.input_names = [i.name for i in self.session.get_inputs()]
-        self.output_names = list(config["outputs"])
-        self.per_token = config["task"] != "classification"
-        self.pad_token_id = int(config["tokenizer"]["pad_token_id"] or 0)
+        self.output_names = list(config.outputs)
+        self.per_token = config.per_token
+        self.pad_token_id = config.tokenizer.pad_token_id
         self.graphs: CudaGraphs | None = None
         if self.provider == CUDA and self._wants_cuda_graphs():
             self.graphs = CudaGraphs(self.session, self.output_names)
@@ -112,7 +114,7 @@ class ModelRuntime:
         options.log_severity_level = 3
         # Spinning intra-op threads: measured on 2 cores, +7% for 16-input requests, -8% for 1-input ones.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin_threads else "0")
-        path = self.entry / self.config["variants"][self.placement.variant]["file"]
+        path = self.entry / self.config.variant_file(self.placement.variant)
         if self.placement.provider == CUDA:
             cuda_options = {"device_id": "0"}
             if use_cuda_graphs:

@@ -32,7 +32,7 @@ class EngineServer:
     def __init__(self, core: EngineCore, path: Path) -> None:
         self.core = core
         self.path = path
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._writers: set[protocol.FrameWriter] = set()
         self._server: asyncio.AbstractServer | None = None
         self._requests: set[asyncio.Task] = set()
         core.on_change = self._broadcast_state
@@ -60,7 +60,8 @@ class EngineServer:
         for writer in self._writers:
             writer.write(frame)
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connection(self, reader: asyncio.StreamReader, stream: asyncio.StreamWriter) -> None:
+        writer = protocol.FrameWriter(stream)
         self._writers.add(writer)
         tickets: dict[int, Ticket] = {}
         writer.write(self._state())
@@ -86,7 +87,7 @@ class EngineServer:
                 ticket.cancel()
             writer.close()
 
-    async def _infer(self, writer: asyncio.StreamWriter, frame: protocol.Frame, ticket: Ticket, tickets: dict) -> None:
+    async def _infer(self, writer: protocol.FrameWriter, frame: protocol.Frame, ticket: Ticket, tickets: dict) -> None:
         header, request_id = frame.header, int(frame.header["id"])
         try:
             lengths = [int(n) for n in header["lengths"]]

@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
+from export.model_config import ModelConfig
 from service.engine.runtime import CPU, CUDA, choose_placement
 from service.settings import Settings
 from service.tasks import classification
@@ -106,8 +107,7 @@ def test_cuda_that_cannot_start_falls_back_to_the_cpu_variant_and_says_so(tiny_r
 
     monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: [CUDA, CPU])
     entry = tiny_repository / "bert-qa"
-    config = json.loads((entry / "model.json").read_text())
-    model = runtime.ModelRuntime(entry, config, Settings(device="auto", cpu_variant="int8"))
+    model = runtime.ModelRuntime(entry, ModelConfig.read(entry), Settings(device="auto", cpu_variant="int8"))
     assert (model.provider, model.variant) == (CPU, "int8")
     assert model.placement.note.startswith("CUDAExecutionProvider could not start")
     rows = [runtime.Row(np.array([2, 7, 9, 3], dtype=np.int64), np.zeros(4, dtype=np.int64))]

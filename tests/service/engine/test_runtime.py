@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import threading
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from export.model_config import ModelConfig
 from service.engine.batcher import Batcher, Ticket
 from service.engine.core import EngineCore
 from service.engine.runtime import ModelRuntime
@@ -22,8 +22,7 @@ BUCKETS = {"shape_buckets": "on", "max_batch_size": 8, "max_batch_tokens": 512, 
 
 
 def runtime_for(entry: Path, **settings: object) -> ModelRuntime:
-    config = json.loads((entry / "model.json").read_text())
-    return ModelRuntime(entry, config, Settings(device="cpu", threads=1, **settings))
+    return ModelRuntime(entry, ModelConfig.read(entry), Settings(device="cpu", threads=1, **settings))
 
 
 def random_rows(count: int, seed: int, max_length: int = 60) -> list[Row]:

@@ -1,0 +1,89 @@
+"""The `model.json` contract between the export (which writes it) and the server (which reads it), defined once.
+
+The export checks every config it writes by parsing it here; the server's front-end and engine read entries
+only through `ModelConfig.read`. A field the server relies on that is missing or of the wrong kind is a
+ValueError naming the field, not a KeyError deep inside a request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+MODEL_CONFIG = "model.json"
+FORMAT_VERSION = 1
+Task = Literal["classification", "ner", "qa"]
+TASKS: tuple[Task, ...] = ("classification", "ner", "qa")
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    file: str
+    pad_token_id: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    task: Task
+    architecture: str
+    labels: tuple[str, ...]
+    problem_type: str | None
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    max_length: int
+    tokenizer: TokenizerSpec
+    variants: Mapping[str, Mapping[str, Any]]  # name -> {"file": ..., validation and other figures}
+    demo: bool
+    raw: Mapping[str, Any]  # the whole document, for what only reports read
+
+    @property
+    def per_token(self) -> bool:
+        """Outputs per token (NER, QA) rather than one per sequence."""
+        return self.task != "classification"
+
+    def variant_file(self, variant: str) -> str:
+        return str(self.variants[variant]["file"])
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> ModelConfig:
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{MODEL_CONFIG} format_version {data.get('format_version')!r} is not {FORMAT_VERSION}")
+        task = data.get("task")
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}")
+        tokenizer = _field(data, "tokenizer", dict)
+        variants = _field(data, "variants", dict)
+        if "fp32" not in variants or not all(isinstance(v, dict) and "file" in v for v in variants.values()):
+            raise ValueError(f"{MODEL_CONFIG} variants must include fp32 and name each variant's file")
+        max_length = _field(data, "max_length", int)
+        if max_length < 2:
+            raise ValueError(f"{MODEL_CONFIG} max_length {max_length} is too small")
+        return cls(
+            name=str(data.get("name", "")),
+            task=cast(Task, task),
+            architecture=_field(data, "architecture", str),
+            labels=tuple(str(label) for label in data.get("labels") or ()),
+            problem_type=data.get("problem_type"),
+            inputs=tuple(_field(data, "inputs", list)),
+            outputs=tuple(_field(data, "outputs", list)),
+            max_length=max_length,
+            tokenizer=TokenizerSpec(str(_field(tokenizer, "file", str)), int(tokenizer.get("pad_token_id") or 0)),
+            variants=variants,
+            demo=bool(data.get("demo", False)),
+            raw=data,
+        )
+
+    @classmethod
+    def read(cls, entry: Path) -> ModelConfig:
+        return cls.parse(json.loads((entry / MODEL_CONFIG).read_text(encoding="utf-8")))
+
+
+def _field(data: Mapping[str, Any], name: str, kind: type) -> Any:
+    value = data.get(name)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ValueError(f"{MODEL_CONFIG} field {name!r} is missing or not a {kind.__name__}")
+    return value
