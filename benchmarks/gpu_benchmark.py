@@ -112,10 +112,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--calibrate-seconds", type=float, default=3.0, help="client top rate vs a null server")
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="longest wait for /readyz")
     parser.add_argument(
-        "--server-args", default="", help="extra settings for python -m service, one string (shell-split)"
+        "--server-args",
+        action="append",
+        help="settings for python -m service, one string (shell-split); each one given is a server configuration "
+        "measured in turn (default: one, with the service's defaults)",
     )
     parser.add_argument(
-        "--server-arg", action="append", default=[], help="one extra argument for python -m service (repeatable)"
+        "--server-arg", action="append", default=[], help="one more argument for every configuration (repeatable)"
     )
     parser.add_argument("--budget-s", type=float, help="wall-clock budget of the whole run; 0: none (cuda 540)")
     parser.add_argument("--report", type=Path, help="JSON report path (default reports/gpu_benchmark.json)")
@@ -128,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.models) - {"bert-base", "minilm"}) + sorted(set(args.parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown model(s) or part(s): {', '.join(unknown)}")
-    args.service_args = [*shlex.split(args.server_args), *args.server_arg]
+    args.configs = [[*shlex.split(line), *args.server_arg] for line in args.server_args or [""]]
     return args
 
 
@@ -267,14 +270,14 @@ def calibrate_client(sentences: list[str], args: argparse.Namespace) -> dict:
     return row
 
 
-def serve(model, sentences: list[str], args: argparse.Namespace, budget: Budget) -> dict:
+def serve(model, sentences: list[str], args: argparse.Namespace, budget: Budget, config: list[str], n: int) -> dict:
     """Time to ready, then the 1-input and the 16-input loads, each with /metrics deltas and GPU samples."""
     per_case = args.warmup_seconds + args.seconds + 10
     if reason := budget.skip_reason(60 + per_case, "the served runs"):
         return {"error": reason}
-    log = args.workdir / "logs" / f"{model.name}-service.log"
+    log = args.workdir / "logs" / f"{model.name}-service-{n}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    extra = ["--device", args.device, "--log-level", "warning", *args.service_args]
+    extra = ["--device", args.device, "--log-level", "warning", *config]
     print(f"{model.name}: python -m service --repository {model.entry.parent} {shlex.join(extra)}", flush=True)
     started = time.monotonic()
     server = start_service(model.entry.parent, *extra, log_path=log, wait=False)
@@ -340,7 +343,7 @@ def table(report: dict, args: argparse.Namespace) -> list[str]:
         if "error" in m:
             lines.append(f"| {name} | - | - | - | - | - | - | - | {m['error']} |")
             continue
-        ort_figures, torch_figures, served = m.get("ort", {}), m.get("torch", {}), m.get("served", {})
+        ort_figures, torch_figures, served_by_config = m.get("ort", {}), m.get("torch", {}), m.get("served", {})
         ceiling, ceiling_key = ceiling_of(ort_figures)
         for engine, figures in (("ORT " + ort_figures.get("variant", ""), ort_figures), ("torch", torch_figures)):
             if "error" in figures:
@@ -353,34 +356,46 @@ def table(report: dict, args: argparse.Namespace) -> list[str]:
                         f"| {name} | raw {engine} b{b} {key} | {figure['sequences_per_s']:.0f} | - | - | - | "
                         f"{_pct(figure['sequences_per_s'], ceiling)} | - | {note} |"
                     )
-        if "error" in served:
-            lines.append(f"| {name} | served | - | - | - | - | - | - | {served['error']} |")
-        for label in ("1 input", "16 inputs"):
-            row = served.get(label)
-            if not row:
-                continue
-            if "error" in row:
-                lines.append(f"| {name} | served {label} | - | - | - | - | - | - | {row['error']} |")
-                continue
-            gpu = row.get("gpu") or {}
-            errors = {k: v for k, v in row["statuses"].items() if int(k) != 200}
-            lines.append(
-                f"| {name} | served {label} ({row['clients']} conns) | {row['sequences_per_s']:.0f} | "
-                f"{row['requests_per_s']:.0f} | {row['p50_ms']} | {row['p99_ms']} | "
-                f"{_pct(row['sequences_per_s'], ceiling)} | {gpu.get('util_mean_pct', 'n/a')} | "
-                f"{'errors ' + json.dumps(errors) if errors else ''} |"
-            )
-        if "ready_s" in served:
-            lines.append(f"| {name} | time to ready | - | - | - | - | - | - | {served['ready_s']} s |")
-        targets += _targets(name, args.device, ceiling, served)
+        for config, served in served_by_config.items():
+            tag = f" [{config}]" if len(served_by_config) > 1 else ""
+            lines += _served_rows(name, served, ceiling, tag)
+            targets += _targets(name + tag, args.device, ceiling, served)
     lines += ["", "per-stage means from /metrics (request, queue, tokenization: per request; inference: per batch):"]
     for name, m in report["models"].items():
-        for label in ("1 input", "16 inputs"):
-            stages = m.get("served", {}).get(label, {}).get("stages")
-            if stages:
-                lines.append(f"  {name} {label}: {_stages(stages)}")
+        for config, served in m.get("served", {}).items():
+            for label in ("1 input", "16 inputs"):
+                if stages := served.get(label, {}).get("stages"):
+                    lines.append(f"  {name} [{config}] {label}: {_stages(stages)}")
     lines += ["", "targets (issue 8):", *(targets or ["  none evaluated (no served figures)"])]
     return lines
+
+
+def _served_rows(name: str, served: dict, ceiling: float | None, tag: str) -> list[str]:
+    if "error" in served:
+        return [f"| {name} | served{tag} | - | - | - | - | - | - | {served['error']} |"]
+    lines = []
+    for label in ("1 input", "16 inputs"):
+        row = served.get(label)
+        if not row:
+            continue
+        if "error" in row:
+            lines.append(f"| {name} | served {label}{tag} | - | - | - | - | - | - | {row['error']} |")
+            continue
+        gpu = row.get("gpu") or {}
+        errors = {k: v for k, v in row["statuses"].items() if int(k) != 200}  # 0: connection broke, -1: no answer
+        lines.append(
+            f"| {name} | served {label} ({row['clients']} conns){tag} | {row['sequences_per_s']:.0f} | "
+            f"{row['requests_per_s']:.0f} | {row['p50_ms']} | {row['p99_ms']} | "
+            f"{_pct(row['sequences_per_s'], ceiling)} | {gpu.get('util_mean_pct', 'n/a')} | "
+            f"{'statuses ' + json.dumps(errors) if errors else ''} |"
+        )
+    if "ready_s" in served:
+        lines.append(f"| {name} | time to ready{tag} | - | - | - | - | - | - | {served['ready_s']} s |")
+    return lines
+
+
+def config_label(config: list[str]) -> str:
+    return shlex.join(config) or "defaults"
 
 
 def _pct(value: float | None, ceiling: float | None) -> str:
@@ -439,23 +454,32 @@ def main(argv: list[str] | None = None) -> None:
     models, errors = build_models(args)
     for key, error in errors.items():
         report["models"][key] = {"error": error}
-    sentences = [s for s, _ in sst2()]
+    if args.build_only:
+        report["models"].update({m.name: {"entry": str(m.entry)} for m in models.values()})
+        print(f"built: {json.dumps(report['models'])}")
+        raise SystemExit(1 if errors else 0)
+    try:
+        sentences = [s for s, _ in sst2()]
+    except FileNotFoundError as exc:
+        raise SystemExit(f"no SST-2 dev data ({exc.filename}): set BERTSERVE_SHARED to a copy of ../shared") from None
     report["sentences"] = len(sentences)
-    if not args.build_only:
-        if "client" in args.parts and args.calibrate_seconds > 0:
-            try:
-                report["client"] = calibrate_client(sentences, args)
-            except Exception as exc:
-                report["client"] = {"error": f"{type(exc).__name__}: {exc}"}
-        for model in models.values():  # what the targets need first; PyTorch last, where the budget cuts first
-            m = report["models"][model.name] = {"entry": str(model.entry)}
-            if "raw" in args.parts:
-                m["ort"] = run_ceiling("ort", model, args, budget)
-            if "serve" in args.parts:
-                m["served"] = serve(model, sentences, args, budget)
-        if "torch" in args.parts or "compile" in args.parts:
-            for model in models.values():
-                report["models"][model.name]["torch"] = run_ceiling("torch", model, args, budget)
+    if "client" in args.parts and args.calibrate_seconds > 0:
+        try:
+            report["client"] = calibrate_client(sentences, args)
+        except Exception as exc:
+            report["client"] = {"error": f"{type(exc).__name__}: {exc}"}
+    for model in models.values():  # what the targets need first; PyTorch last, where the budget cuts first
+        m = report["models"][model.name] = {"entry": str(model.entry)}
+        if "raw" in args.parts:
+            m["ort"] = run_ceiling("ort", model, args, budget)
+        if "serve" in args.parts:
+            m["served"] = {
+                config_label(config): serve(model, sentences, args, budget, config, n)
+                for n, config in enumerate(args.configs)
+            }
+    if "torch" in args.parts or "compile" in args.parts:
+        for model in models.values():
+            report["models"][model.name]["torch"] = run_ceiling("torch", model, args, budget)
     print("\n".join(table(report, args)), flush=True)
     write_report("gpu_benchmark", report, args.report)
 
