@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.realdata import SHARED
-from export.demo import SMALL
 from export.repository import MODEL_CONFIG, read_config
 
 BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
-BERT_SIZES = {"base": BERT_BASE, "small": SMALL}
+BERT_SIZES = ("base", "small")  # small: the demo models' 2x128
 MINILM = "minilm-bert-sst2"
 RANDOM = "bert-base-random"
 MODEL_KEYS = {"bert-base": RANDOM, "minilm": MINILM}
@@ -49,9 +48,11 @@ def write_random_bert(directory: Path, size: str) -> None:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
+    from export.demo import SMALL
+
     tokenizer = AutoTokenizer.from_pretrained(str(vocabulary_source()))
     config = BertConfig(
-        **BERT_SIZES[size],
+        **(BERT_BASE if size == "base" else SMALL),
         vocab_size=len(tokenizer),
         max_position_embeddings=512,
         id2label={0: "NEGATIVE", 1: "POSITIVE"},
@@ -69,27 +70,36 @@ def has_variants(entry: Path, variants: list[str]) -> bool:
     return all(v in present and (entry / present[v]["file"]).is_file() for v in variants)
 
 
-def ensure_model(key: str, workdir: Path, variants: list[str], bert_size: str = "base") -> BenchModel:
-    """The checkpoint and its repository entry in `workdir`, built where absent or lacking a variant."""
+def locate(key: str, workdir: Path, bert_size: str = "base") -> BenchModel:
+    """Where a model's checkpoint and entry are (or will be); one repository per model, served alone."""
+    name = MODEL_KEYS[key]
+    own = workdir / "checkpoints" / f"{RANDOM}-{bert_size}"
+    checkpoint = SHARED / "models" / MINILM if key == "minilm" else own
+    return BenchModel(name, checkpoint, workdir / "repositories" / checkpoint.name / name)
+
+
+def ensure_model(
+    key: str, workdir: Path, variants: list[str], bert_size: str = "base", missing: list[str] | None = None
+) -> BenchModel:
+    """The checkpoint and its repository entry in `workdir`, built where absent or lacking a variant.
+
+    `missing`: packages the build needs that are not installed; an entry built before still serves then.
+    """
+    model = locate(key, workdir, bert_size)
+    if has_variants(model.entry, variants):
+        return model
+    if missing:
+        raise RuntimeError(f"cannot build {model.entry}: {', '.join(missing)} not installed")
+    if key == "minilm" and not (model.checkpoint / "config.json").is_file():
+        raise RuntimeError(f"{model.checkpoint} is absent: set BERTSERVE_SHARED to a copy of ../shared")
+    if key == "bert-base" and not (model.checkpoint / "config.json").is_file():
+        print(f"writing a random-weight BERT ({bert_size}) to {model.checkpoint}", flush=True)
+        write_random_bert(model.checkpoint, bert_size)
     from export.pipeline import export_checkpoint
 
-    name = MODEL_KEYS[key]
-    if key == "minilm":
-        checkpoint = SHARED / "models" / MINILM
-        if not (checkpoint / "config.json").is_file():
-            raise SystemExit(f"{checkpoint} is absent: set BERTSERVE_SHARED to a copy of ../shared")
-    else:
-        checkpoint = workdir / "checkpoints" / f"{RANDOM}-{bert_size}"
-        if not (checkpoint / "config.json").is_file():
-            print(f"writing a random-weight BERT ({bert_size}) to {checkpoint}", flush=True)
-            write_random_bert(checkpoint, bert_size)
-    # One repository per model, so that a server started on it serves that model alone.
-    repository = workdir / "repositories" / (checkpoint.name if key == "bert-base" else name)
-    entry = repository / name
-    if not has_variants(entry, variants):
-        print(f"exporting {checkpoint} -> {entry} ({','.join(variants)})", flush=True)
-        result = export_checkpoint(
-            str(checkpoint), name, repository, variants=",".join(variants), demo=key == "bert-base"
-        )
-        print(f"  exported in {result.seconds:.1f} s", flush=True)
-    return BenchModel(name, checkpoint, entry)
+    print(f"exporting {model.checkpoint} -> {model.entry} ({','.join(variants)})", flush=True)
+    result = export_checkpoint(
+        str(model.checkpoint), model.name, model.entry.parent, variants=",".join(variants), demo=key == "bert-base"
+    )
+    print(f"  exported in {result.seconds:.1f} s", flush=True)
+    return model

@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.bench_models import BERT_SIZES, MODEL_KEYS, BenchModel, ensure_model
 from benchmarks.gpu_sampler import GpuSampler
 from benchmarks.loadclient import LoadResult, classify_cases, run_load, run_load_processes
 from benchmarks.realdata import SHARED, sst2
@@ -99,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", help="comma-separated of bert-base,minilm (cuda: both; cpu: minilm)")
     parser.add_argument("--parts", help=f"comma-separated of {','.join(PARTS)} (cuda: all; cpu: raw,serve)")
     parser.add_argument("--build-only", action="store_true", help="build the models into --workdir and stop")
-    parser.add_argument("--bert-size", choices=["base", "small"], default="base", help="small: 2x128, to try it")
+    parser.add_argument("--bert-size", choices=BERT_SIZES, default="base", help="small: 2x128, to try it out")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertserve-gpu-bench"), help="models, logs")
     parser.add_argument("--batch", type=int, help="raw ceiling batch size (cuda 256, cpu 16)")
     parser.add_argument("--fixed-length", type=int, help="also measure at this fixed width; 0: not (cuda 128)")
@@ -128,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(args.models) - {"bert-base", "minilm"}) + sorted(set(args.parts) - set(PARTS))
+    unknown = sorted(set(args.models) - set(MODEL_KEYS)) + sorted(set(args.parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown model(s) or part(s): {', '.join(unknown)}")
     args.configs = [[*shlex.split(line), *args.server_arg] for line in args.server_args or [""]]
@@ -167,22 +168,15 @@ def build_models(args: argparse.Namespace) -> tuple[dict, dict]:
     missing = [m for m in BUILD_NEEDS if importlib.util.find_spec(m) is None]
     variants = ["fp32", "fp16"] if args.device == "cuda" else ["fp32"]
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from benchmarks.bench_models import ensure_model, has_variants
-    from export.cli import quiet_libraries
+    if not missing:
+        from export.cli import quiet_libraries
 
-    quiet_libraries()
-
+        quiet_libraries()
     models, errors = {}, {}
     for key in args.models:
         started = time.monotonic()
         try:
-            if missing:  # an entry built earlier still serves; a new one cannot be made
-                model = _prebuilt(key, args, variants, has_variants)
-                if model is None:
-                    raise RuntimeError(f"cannot build: {', '.join(missing)} not installed")
-            else:
-                model = ensure_model(key, args.workdir, variants, args.bert_size)
-            models[key] = model
+            models[key] = model = ensure_model(key, args.workdir, variants, args.bert_size, missing)
             print(f"model {key}: {model.entry} ({time.monotonic() - started:.1f} s)", flush=True)
         except (Exception, SystemExit) as exc:
             errors[key] = f"build failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
@@ -190,17 +184,7 @@ def build_models(args: argparse.Namespace) -> tuple[dict, dict]:
     return models, errors
 
 
-def _prebuilt(key: str, args: argparse.Namespace, variants: list[str], has_variants) -> object | None:
-    from benchmarks.bench_models import MINILM, MODEL_KEYS, RANDOM, BenchModel
-
-    name = MODEL_KEYS[key]
-    folder = f"{RANDOM}-{args.bert_size}" if key == "bert-base" else MINILM
-    entry = args.workdir / "repositories" / folder / name
-    checkpoint = args.workdir / "checkpoints" / folder if key == "bert-base" else SHARED / "models" / MINILM
-    return BenchModel(name, checkpoint, entry) if has_variants(entry, variants) else None
-
-
-def run_ceiling(engine: str, model, args: argparse.Namespace, budget: Budget) -> dict:
+def run_ceiling(engine: str, model: BenchModel, args: argparse.Namespace, budget: Budget) -> dict:
     """`python -m benchmarks.ceilings` in a subprocess; its JSON, or what went wrong."""
     figures = (1 + bool(args.fixed_length)) * (2 if engine == "ort" and args.device == "cuda" else 1)
     compile_ = engine == "torch" and "compile" in args.parts
@@ -270,7 +254,9 @@ def calibrate_client(sentences: list[str], args: argparse.Namespace) -> dict:
     return row
 
 
-def serve(model, sentences: list[str], args: argparse.Namespace, budget: Budget, config: list[str], n: int) -> dict:
+def serve(
+    model: BenchModel, sentences: list[str], args: argparse.Namespace, budget: Budget, config: list[str], n: int
+) -> dict:
     """Time to ready, then the 1-input and the 16-input loads, each with /metrics deltas and GPU samples."""
     per_case = args.warmup_seconds + args.seconds + 10
     if reason := budget.skip_reason(60 + per_case, "the served runs"):
