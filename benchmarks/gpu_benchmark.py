@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -119,7 +120,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "measured in turn (default: one, with the service's defaults)",
     )
     parser.add_argument(
-        "--server-arg", action="append", default=[], help="one more argument for every configuration (repeatable)"
+        "--server-arg",
+        action="append",
+        default=[],
+        help="one more argument for every configuration (repeatable; write --server-arg=--flag)",
     )
     parser.add_argument("--budget-s", type=float, help="wall-clock budget of the whole run; 0: none (cuda 540)")
     parser.add_argument("--report", type=Path, help="JSON report path (default reports/gpu_benchmark.json)")
@@ -433,6 +437,8 @@ def _targets(name: str, device: str, ceiling: float | None, served: dict) -> lis
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # On SIGTERM, unwind: the server and any measuring subprocess are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     budget = Budget(args.budget_s)
     report: dict = {"command": sys.argv, "environment": environment(), "models": {}}
     report["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
