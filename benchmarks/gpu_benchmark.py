@@ -15,6 +15,10 @@ figures: served 1-input and 16-input rates against the raw sorted batch-16 ceili
     python -m benchmarks.gpu_benchmark --device cpu
     python -m benchmarks.gpu_benchmark --build-only          # build the models into --workdir, nothing else
 
+On the GPU machine (see ../shared/tools/gpu_prep.sh), which has torch, transformers and onnx but not ../shared:
+carry a copy of ../shared/data/sst2 and ../shared/models/minilm-bert-sst2 (45 MiB) and point BERTSERVE_SHARED at
+it; the BERT-base build (about 220 MB of fp16 ONNX) happens there, in --workdir, and is reused by later runs.
+
 Everything runs on 127.0.0.1; every load is bounded by --seconds; a part that would overrun --budget-s is
 skipped with a reason, and a part that fails is reported as failed, so that the table is always printed.
 Keep the heavy imports inside functions: client processes are spawned, and they import this module again.
