@@ -72,7 +72,9 @@ def rows_of(batches: list[dict]) -> int:
     return sum(len(next(iter(feed.values()))) for feed in batches)
 
 
-def ort_ceilings(entry: Path, device: str, sets: dict[str, list[dict]], seconds: float) -> Iterator[tuple[str, object]]:
+def ort_ceilings(
+    entry: Path, device: str, sets: dict[str, list[dict]], seconds: float, cuda_options: dict[str, str]
+) -> Iterator[tuple[str, object]]:
     import onnxruntime as ort
 
     config = read_config(entry)
@@ -81,13 +83,15 @@ def ort_ceilings(entry: Path, device: str, sets: dict[str, list[dict]], seconds:
     options.log_severity_level = 3
     if device == "cpu":
         options.intra_op_num_threads = os.cpu_count() or 1
-    providers: list = [(CUDA, {"device_id": 0}), CPU] if device == "cuda" else [CPU]
+    providers: list = [(CUDA, {"device_id": "0", **cuda_options}), CPU] if device == "cuda" else [CPU]
     path = entry / config["variants"][variant]["file"]
     session = ort.InferenceSession(str(path), options, providers=providers)
     provider = session.get_providers()[0]
     if device == "cuda" and provider != CUDA:
         raise SystemExit(f"the CUDA provider did not start (onnxruntime {ort.__version__} runs on {provider})")
     yield from {"engine": "onnxruntime", "version": ort.__version__, "variant": variant, "provider": provider}.items()
+    if device == "cuda":
+        yield "cuda_options", session.get_provider_options()[CUDA]
     outputs = [o.name for o in session.get_outputs()]
     for label, batches in sets.items():
         rows = rows_of(batches)
@@ -143,12 +147,14 @@ def main() -> None:
     parser.add_argument("--fixed-length", type=int, default=128, help="also at this fixed width; 0: not")
     parser.add_argument("--seconds", type=float, default=3.0, help="timed passes last at least this long")
     parser.add_argument("--compile", action="store_true", help="torch: torch.compile as well as eager")
+    parser.add_argument("--cuda-options", default="", help="CUDA provider options, e.g. sdpa_kernel=1,k=v")
     parser.add_argument("--out", type=Path, required=True, help="JSON written here")
     args = parser.parse_args()
     quiet_libraries()
     sets = tokenized(args.entry, args.batch, args.fixed_length, read_config(args.entry)["inputs"])
     if args.engine == "ort":
-        figures = ort_ceilings(args.entry, args.device, sets, args.seconds)
+        options = dict(item.split("=", 1) for item in args.cuda_options.split(",") if item)
+        figures = ort_ceilings(args.entry, args.device, sets, args.seconds, options)
     else:
         if args.checkpoint is None:
             parser.error("torch needs --checkpoint")

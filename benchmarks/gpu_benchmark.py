@@ -129,6 +129,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="one more argument for every configuration (repeatable; write --server-arg=--flag)",
     )
+    parser.add_argument(
+        "--ort-cuda-options", default="", help="CUDA provider options for the raw ORT session (sdpa_kernel=1,...)"
+    )
     parser.add_argument("--budget-s", type=float, help="wall-clock budget of the whole run; 0: none (cuda 540)")
     parser.add_argument("--report", type=Path, help="JSON report path (default reports/gpu_benchmark.json)")
     args = parser.parse_args(argv)
@@ -206,7 +209,7 @@ def run_ceiling(engine: str, model: BenchModel, args: argparse.Namespace, budget
     out.unlink(missing_ok=True)
     command = [sys.executable, "-m", "benchmarks.ceilings", engine, "--entry", str(model.entry)]
     command += ["--device", args.device, "--batch", str(args.batch), "--fixed-length", str(args.fixed_length)]
-    command += ["--seconds", str(args.raw_seconds), "--out", str(out)]
+    command += ["--seconds", str(args.raw_seconds), "--out", str(out), "--cuda-options", args.ort_cuda_options]
     if engine == "torch":
         command += ["--checkpoint", str(model.checkpoint), *(["--compile"] if compile_ else [])]
     print(f"{model.name}: raw {engine}{' + torch.compile' if compile_ else ''}", flush=True)
