@@ -1,14 +1,27 @@
-"""A lean HTTP/1.1 keep-alive load client (asyncio streams), so the client costs the shared cores little."""
+"""A lean HTTP/1.1 keep-alive load client (asyncio streams), so the client costs the shared cores little.
+
+`run_load` is one process; `run_load_processes` spreads the connections over several client processes that
+start and stop at the same instant, for servers that answer more requests than one Python process can send.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
+import multiprocessing
+import queue
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+# Statuses recorded for requests that got no HTTP answer: the connection broke, or nothing came in time.
+CONNECTION_ERROR = 0
+NO_ANSWER = -1
+ANSWER_GRACE_S = 30.0
 
 
 @dataclass
@@ -22,6 +35,10 @@ class LoadResult:
     @property
     def sequences_per_s(self) -> float:
         return self.sequences / self.seconds
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds
 
     def percentile_ms(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -37,6 +54,18 @@ class LoadResult:
             "statuses": self.statuses,
         }
 
+    @classmethod
+    def merge(cls, parts: list[LoadResult]) -> LoadResult:
+        """Results of clients that ran over the same window, as one."""
+        merged = cls(seconds=max(p.seconds for p in parts))
+        for part in parts:
+            merged.requests += part.requests
+            merged.sequences += part.sequences
+            merged.latencies.extend(part.latencies)
+            for status, count in part.statuses.items():
+                merged.statuses[status] = merged.statuses.get(status, 0) + count
+        return merged
+
 
 async def _request(reader, writer, host: str, path: str, body: bytes) -> tuple[int, bytes]:
     head = (
@@ -45,6 +74,8 @@ async def _request(reader, writer, host: str, path: str, body: bytes) -> tuple[i
     writer.write(head + body)
     await writer.drain()
     status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionResetError("the server closed the connection")
     status = int(status_line.split()[1])
     length = 0
     while (line := await reader.readline()) not in (b"\r\n", b""):
@@ -54,20 +85,73 @@ async def _request(reader, writer, host: str, path: str, body: bytes) -> tuple[i
     return status, await reader.readexactly(length)
 
 
-async def _worker(host, port, path, payloads, deadline, result: LoadResult, max_requests: int | None) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
+async def _worker(host, port, path, payloads, deadline, result: LoadResult, max_requests: int | None, connection=None):
+    """Sends the next payload as soon as the last answer came; a broken connection counts and is reopened."""
+    reader, writer = connection or await asyncio.open_connection(host, port)
     try:
         while time.perf_counter() < deadline and (max_requests is None or result.requests < max_requests):
             payload, size = next(payloads)
             started = time.perf_counter()
-            status, _ = await _request(reader, writer, host, path, payload)
+            # An answer may take until the deadline and a grace period, no longer: a load always ends.
+            timeout = max(deadline - started, 0) + ANSWER_GRACE_S
+            reopened = None
+            try:
+                status, _ = await asyncio.wait_for(_request(reader, writer, host, path, payload), timeout)
+            except (OSError, asyncio.IncompleteReadError, ValueError, IndexError, TimeoutError) as exc:
+                status = NO_ANSWER if isinstance(exc, TimeoutError) else CONNECTION_ERROR
+                writer.close()
+                reopened = await _reopen(host, port, deadline)
             result.latencies.append(time.perf_counter() - started)
             result.statuses[status] = result.statuses.get(status, 0) + 1
             result.requests += 1
             if status == 200:
                 result.sequences += size
+            if status in (CONNECTION_ERROR, NO_ANSWER):
+                if reopened is None:
+                    return  # the window is over before a new connection could be opened
+                reader, writer = reopened
     finally:
         writer.close()
+
+
+async def _reopen(host: str, port: int, deadline: float):
+    """A new connection, retried until the deadline; None once it has passed."""
+    while time.perf_counter() < deadline:
+        try:
+            return await asyncio.open_connection(host, port)
+        except OSError:
+            await asyncio.sleep(0.05)
+    return None
+
+
+def _payloads(bodies: Iterable[dict], sizes: Iterable[int], offset: int = 0) -> Iterator[tuple[bytes, int]]:
+    encoded = [(json.dumps(body).encode(), size) for body, size in zip(bodies, sizes, strict=True)]
+    offset %= max(len(encoded), 1)
+    return itertools.cycle(encoded[offset:] + encoded[:offset])
+
+
+def classify_cases(sentences: list[str], path: str, clients_1: int, clients_16: int) -> dict[str, tuple]:
+    """label -> (path, bodies, sequences per body, connections): 1-input and 16-input requests, data order."""
+    singles = [{"inputs": [s]} for s in sentences]
+    sixteens = [{"inputs": sentences[i : i + 16]} for i in range(0, len(sentences) - 15, 16)]
+    return {
+        "1 input": (path, singles, [1] * len(singles), clients_1),
+        "16 inputs": (path, sixteens, [16] * len(sixteens), clients_16),
+    }
+
+
+def run_fast(coroutine: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run on uvloop where it is installed (it is on the GPU machine and in the service's dependencies)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
 
 
 def run_load(
@@ -80,18 +164,80 @@ def run_load(
     max_requests: int | None = None,
 ) -> LoadResult:
     """`clients` connections, each sending the next body as soon as its last answer came, for `seconds`."""
-    host, port = url.removeprefix("http://").split(":")
-    encoded = [(json.dumps(body).encode(), size) for body, size in zip(bodies, sizes, strict=True)]
-    payloads = itertools.cycle(encoded)
+    host, port = _host_port(url)
+    payloads = _payloads(bodies, sizes)
 
     async def main() -> LoadResult:
         result = LoadResult(seconds=seconds)
         started = time.perf_counter()
         deadline = started + seconds
         await asyncio.gather(
-            *(_worker(host, int(port), path, payloads, deadline, result, max_requests) for _ in range(clients))
+            *(_worker(host, port, path, payloads, deadline, result, max_requests) for _ in range(clients))
         )
         result.seconds = time.perf_counter() - started
         return result
 
     return asyncio.run(main())
+
+
+def _process_load(url: str, path: str, payloads: list, clients: int, seconds: float, barrier, results) -> None:
+    """One client process: opens its connections, waits at the barrier for the others, loads for `seconds`."""
+    host, port = _host_port(url)
+    cycle = itertools.cycle(payloads)
+
+    async def main() -> LoadResult:
+        connections = await asyncio.gather(*(asyncio.open_connection(host, port) for _ in range(clients)))
+        barrier.wait(60)  # blocks the loop, which has nothing else to do yet
+        result = LoadResult(seconds=seconds)
+        started = time.perf_counter()
+        deadline = started + seconds
+        await asyncio.gather(*(_worker(host, port, path, cycle, deadline, result, None, c) for c in connections))
+        result.seconds = time.perf_counter() - started
+        return result
+
+    try:
+        results.put(run_fast(main()))
+    except BaseException as exc:
+        barrier.abort()
+        results.put(exc)
+
+
+def run_load_processes(
+    url: str, path: str, bodies: list[dict], sizes: list[int], clients: int, seconds: float, processes: int
+) -> LoadResult:
+    """`clients` connections spread over `processes` client processes (uvloop where installed), one window."""
+    processes = max(1, min(processes, clients))
+    shares = [clients // processes + (i < clients % processes) for i in range(processes)]
+    step = max(1, len(bodies) // processes)
+    context = multiprocessing.get_context("spawn")  # the parent may hold threads (onnxruntime, torch): no fork
+    barrier = context.Barrier(processes)
+    results = context.Queue()
+    workers = [
+        context.Process(
+            target=_process_load,
+            args=(url, path, list(itertools.islice(_payloads(bodies, sizes, i * step), len(bodies))), share, seconds),
+            kwargs={"barrier": barrier, "results": results},
+            daemon=True,
+        )
+        for i, share in enumerate(shares)
+    ]
+    for worker in workers:
+        worker.start()
+    parts: list = []
+    deadline = time.monotonic() + seconds + 120
+    try:
+        while len(parts) < len(workers):
+            try:
+                parts.append(results.get(timeout=1))
+            except queue.Empty:
+                if any(w.exitcode not in (None, 0) for w in workers) or time.monotonic() > deadline:
+                    raise RuntimeError("a client process died without a result") from None
+    finally:
+        for worker in workers:
+            worker.join(5)
+            if worker.is_alive():
+                worker.kill()
+    failures = [p for p in parts if isinstance(p, BaseException)]
+    if failures:
+        raise RuntimeError(f"a client process failed: {failures[0]!r}")
+    return LoadResult.merge(parts)

@@ -17,15 +17,14 @@ import os
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import onnxruntime as ort
-from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
-from benchmarks.loadclient import run_load
+from benchmarks.loadclient import classify_cases, run_load
 from benchmarks.realdata import SHARED, shared_available, sst2
 from benchmarks.reports import write_report
+from benchmarks.scrape import delta, scrape
 from benchmarks.serving import start, start_service
 from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
@@ -57,30 +56,8 @@ def raw_session(entry: Path, sentences: list[str], threads: int) -> dict:
     }
 
 
-def scrape(url: str) -> dict[str, float]:
-    wanted = {
-        "bertserve_batch_size_count",
-        "bertserve_batch_padded_tokens_total",
-        "bertserve_batch_real_tokens_total",
-        "bertserve_inference_duration_seconds_sum",
-        "bertserve_tokenization_duration_seconds_sum",
-        "bertserve_queue_duration_seconds_sum",
-    }
-    totals = dict.fromkeys(wanted, 0.0)
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for sample in family.samples:
-            if sample.name in wanted:
-                totals[sample.name] += sample.value
-    return totals
-
-
 def load_cases(sentences: list[str], path: str, args: argparse.Namespace) -> dict[str, tuple]:
-    singles = [{"inputs": [s]} for s in sentences]
-    sixteens = [{"inputs": sentences[i : i + 16]} for i in range(0, len(sentences) - 15, 16)]
-    return {
-        "1 input": (path, singles, [1] * len(singles), args.clients_1),
-        "16 inputs": (path, sixteens, [16] * len(sixteens), args.clients_16),
-    }
+    return classify_cases(sentences, path, args.clients_1, args.clients_16)
 
 
 def measure(url: str, cases: dict[str, tuple], seconds: float, with_metrics: bool) -> dict:
@@ -92,15 +69,13 @@ def measure(url: str, cases: dict[str, tuple], seconds: float, with_metrics: boo
         row = {"clients": clients, **load.summary()}
         if with_metrics:
             after = scrape(url)
-            batches = after["bertserve_batch_size_count"] - before["bertserve_batch_size_count"]
-            real = after["bertserve_batch_real_tokens_total"] - before["bertserve_batch_real_tokens_total"]
-            padded = after["bertserve_batch_padded_tokens_total"] - before["bertserve_batch_padded_tokens_total"]
+            batches = delta(before, after, "bertserve_batch_size_count") or 0
+            real = delta(before, after, "bertserve_batch_real_tokens_total") or 0
+            padded = delta(before, after, "bertserve_batch_padded_tokens_total") or 0
             row["inference_calls_per_request"] = round(batches / max(load.requests, 1), 3)
             row["rows_per_batch"] = round(load.sequences / max(batches, 1), 1)
             row["padding_ratio"] = round(padded / max(real, 1), 3)
-            busy = (
-                after["bertserve_inference_duration_seconds_sum"] - before["bertserve_inference_duration_seconds_sum"]
-            )
+            busy = delta(before, after, "bertserve_inference_duration_seconds_sum") or 0
             row["inference_busy"] = round(busy / load.seconds, 3)  # share of wall time the session was running
             row["real_tokens_per_s"] = round(real / load.seconds, 1)
         results[label] = row

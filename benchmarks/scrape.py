@@ -1,0 +1,47 @@
+"""The service's /metrics as numbers: totals per sample name, and per-stage means between two scrapes."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# (label, histogram, what one observation is); the mean of a stage over a run is delta(_sum) / delta(_count).
+STAGES = (
+    ("request", "bertserve_request_duration_seconds", "request"),
+    ("queue", "bertserve_queue_duration_seconds", "request"),
+    ("tokenization", "bertserve_tokenization_duration_seconds", "request"),
+    ("inference", "bertserve_inference_duration_seconds", "batch"),
+    ("batch size", "bertserve_batch_size", "batch"),
+)
+
+
+def parse(text: str, prefix: str = "bertserve_") -> dict[str, float]:
+    """Every sample whose name starts with `prefix`, summed over its labels (models, endpoints, processes)."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(prefix):
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def scrape(url: str) -> dict[str, float]:
+    return parse(httpx.get(url + "/metrics", timeout=30).text)
+
+
+def delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
+    """How much a total grew between two scrapes; None where the server does not export it."""
+    if name not in after:
+        return None
+    return after[name] - before.get(name, 0.0)
+
+
+def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, dict]:
+    """Per stage: observations in the window and their mean (seconds, or rows for the batch size)."""
+    stages = {}
+    for label, histogram, unit in STAGES:
+        count = delta(before, after, histogram + "_count")
+        total = delta(before, after, histogram + "_sum")
+        mean = total / count if count and total is not None else None
+        stages[label] = {"per": unit, "count": count, "mean": mean}
+    return stages
