@@ -17,16 +17,14 @@ import os
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import onnxruntime as ort
-from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 from benchmarks.loadclient import run_load
 from benchmarks.realdata import SHARED, shared_available, sst2
 from benchmarks.reports import write_report
-from benchmarks.serving import start, start_service
+from benchmarks.serving import scrape, start, start_service
 from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
 
@@ -55,23 +53,6 @@ def raw_session(entry: Path, sentences: list[str], threads: int) -> dict:
         "batch 16, data order": run([sentences[i : i + 16] for i in range(0, len(sentences), 16)]),
         "batch 16, sorted by length": run([by_length[i : i + 16] for i in range(0, len(by_length), 16)]),
     }
-
-
-def scrape(url: str) -> dict[str, float]:
-    wanted = {
-        "bertserve_batch_size_count",
-        "bertserve_batch_padded_tokens_total",
-        "bertserve_batch_real_tokens_total",
-        "bertserve_inference_duration_seconds_sum",
-        "bertserve_tokenization_duration_seconds_sum",
-        "bertserve_queue_duration_seconds_sum",
-    }
-    totals = dict.fromkeys(wanted, 0.0)
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for sample in family.samples:
-            if sample.name in wanted:
-                totals[sample.name] += sample.value
-    return totals
 
 
 def load_cases(sentences: list[str], path: str, args: argparse.Namespace) -> dict[str, tuple]:
