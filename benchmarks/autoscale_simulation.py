@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import json
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -146,11 +147,13 @@ class OpenLoop:
         }
 
 
-def process_rss_mb(pid: int) -> float:
-    """Resident memory of the server process and every process under it."""
+def process_usage(pid: int) -> tuple[float, float]:
+    """Resident memory (MB) and CPU seconds so far of the server process and every process under it."""
     process = psutil.Process(pid)
     members = [process, *process.children(recursive=True)]
-    return sum(p.memory_info().rss for p in members) / 2**20
+    rss = sum(p.memory_info().rss for p in members) / 2**20
+    cpu = sum(p.cpu_times().user + p.cpu_times().system for p in members)
+    return rss, cpu
 
 
 # --- the HPA --------------------------------------------------------------------------------------------------
@@ -261,7 +264,7 @@ def capacity(url: str, path: str, seconds: float = 5.0, clients: int = 8) -> flo
     return run_load(url, path, bodies, [1] * len(bodies), clients, seconds).summary()["sequences_per_s"]
 
 
-def health_summary(health: list[tuple[float, float, float]]) -> dict:
+def health_summary(health: list[tuple[float, float, float, float]]) -> dict:
     return {"probe_max_ms": round(max(h[1] for h in health), 1), "rss_peak_mb": round(max(h[2] for h in health), 1)}
 
 
@@ -281,15 +284,17 @@ async def _sample(server: ServiceProcess, samples: list, health: list, until: fl
         tick_end = time.perf_counter() + 1.0
         samples.append((time.perf_counter(), await asyncio.to_thread(scrape, server.url)))
         probe = await asyncio.to_thread(probe_ms, server.url)
-        health.append((time.perf_counter(), probe, process_rss_mb(server.process.pid)))
+        health.append((time.perf_counter(), probe, *process_usage(server.process.pid)))
         on_tick(time.perf_counter())
         await asyncio.sleep(max(0.0, tick_end - time.perf_counter()))
 
 
-def run_ramp(server: ServiceProcess, path: str, rates: list[float], stage_s: float, settle_s: float) -> dict:
+def run_ramp(
+    server: ServiceProcess, path: str, rates: list[float], stage_s: float, settle_s: float, unit: float
+) -> dict:
     load = OpenLoop(server.url, path, payloads())
     samples: list[tuple[float, dict]] = []
-    health: list[tuple[float, float, float]] = []  # (at, probe ms, RSS MB)
+    health: list[tuple[float, float, float, float]] = []  # (at, probe ms, RSS MB, CPU s)
     started = time.perf_counter()
 
     def on_tick(now: float) -> None:
@@ -302,18 +307,27 @@ def run_ramp(server: ServiceProcess, path: str, rates: list[float], stage_s: flo
 
     asyncio.run(main())
     stages = []
-    print("\n| offered req/s | answered req/s | shed/s | p50 ms | p99 ms | probe ms | " + " | ".join(CANDIDATES) + " |")
-    print("|---" * (6 + len(CANDIDATES)) + "|")
+    print(
+        "\n| offered x capacity | offered req/s | answered req/s | shed/s | p50 ms | p99 ms | cpu cores | probe ms | "
+        + " | ".join(CANDIDATES)
+        + " |"
+    )
+    print("|---" * (8 + len(CANDIDATES)) + "|")
     for i, rate in enumerate(rates):
         begin, end = started + i * stage_s + settle_s, started + (i + 1) * stage_s
         inside = [(t, s) for t, s in samples if begin <= t <= end]
         row = {"offered_per_s": rate, **load.window(begin, end)}
-        row["probe_max_ms"] = round(max((h[1] for h in health if begin <= h[0] <= end), default=float("nan")), 1)
+        inside_health = [h for h in health if begin <= h[0] <= end]
+        row["probe_max_ms"] = round(max((h[1] for h in inside_health), default=float("nan")), 1)
+        # CPU cores the server used (what a CPU-utilisation HPA would see, x the CPU request).
+        first, last = inside_health[0], inside_health[-1]
+        row["cpu_cores"] = round((last[3] - first[3]) / (last[0] - first[0]), 2) if last[0] > first[0] else 0.0
         for name, compute in CANDIDATES.items():
             row[name] = round(compute(inside, end - begin), 3) if len(inside) >= 2 else float("nan")
         stages.append(row)
         print(
-            f"| {rate:g} | {row['answered_per_s']} | {row['shed_per_s']} | {row['p50_ms']} | {row['p99_ms']} | "
+            f"| {rate / unit:.2f} | {rate:g} | {row['answered_per_s']} | {row['shed_per_s']} | {row['p50_ms']} | "
+            f"{row['p99_ms']} | {row['cpu_cores']} | "
             f"{row['probe_max_ms']} | " + " | ".join(f"{row[name]:.3g}" for name in CANDIDATES) + " |"
         )
     return {"stages": stages, **health_summary(health), "client_overflow": load.overflow}
@@ -329,7 +343,7 @@ def run_hpa(
     hpa = Hpa(spec)
     load = OpenLoop(server.url, path, payloads())
     samples: list[tuple[float, dict]] = []
-    health: list[tuple[float, float, float]] = []  # (at, probe ms, RSS MB)
+    health: list[tuple[float, float, float, float]] = []  # (at, probe ms, RSS MB, CPU s)
     pods: list[float] = [0.0] * spec.min_replicas  # ready-at time of each replica (the first ones: ready)
     rows: list[dict] = []
     started = time.perf_counter()
@@ -390,7 +404,32 @@ def run_hpa(
             f"{row['metric']:.3g} | {figures['answered_per_s']} | {entry['cluster_answered_per_s']} | "
             f"{figures['p99_ms']} |"
         )
-    return {"syncs": report, **health_summary(health), "client_overflow": load.overflow}
+    stages = stage_summary(load, started, rates, stage_s, report)
+    return {"syncs": report, "stages": stages, **health_summary(health), "client_overflow": load.overflow}
+
+
+def stage_summary(load: OpenLoop, started: float, rates: list[float], stage_s: float, syncs: list[dict]) -> list:
+    """Per stage of the cluster's load: the replicas at its end, the mean metric and cluster answered rate over
+    its syncs, and the pod's p99 over the stage."""
+    print(
+        "\nper stage:\n| cluster offered req/s | replicas at the end | mean metric | cluster answered/s | pod p99 ms |"
+    )
+    print("|---|---|---|---|---|")
+    stages = []
+    for i, rate in enumerate(rates):
+        inside = [r for r in syncs if i * stage_s <= r["t"] < (i + 1) * stage_s]
+        if not inside:
+            continue
+        stage = {
+            "cluster_offered_per_s": rate,
+            "replicas": inside[-1]["desired"],
+            "metric": round(sum(r["metric"] for r in inside) / len(inside), 3),
+            "cluster_answered_per_s": round(sum(r["cluster_answered_per_s"] for r in inside) / len(inside), 1),
+            "pod_p99_ms": load.window(started + i * stage_s, started + (i + 1) * stage_s)["p99_ms"],
+        }
+        stages.append(stage)
+        print("| " + " | ".join(f"{v:g}" for v in stage.values()) + " |")
+    return stages
 
 
 def first_classifier(url: str) -> str:
@@ -413,9 +452,11 @@ def main() -> None:
     parser.add_argument("--stage-seconds", type=float, default=8.0)
     parser.add_argument("--settle-seconds", type=float, default=2.0, help="ramp: left out at each stage's start")
     parser.add_argument(
-        "--cluster-rates", default="0.5,1,2,3,4,4,3,2,1,0.5", help="hpa: cluster's offered load, x one pod's capacity"
+        "--cluster-rates",
+        default="0.5,1,2,3,4,4,3,2,1,0.5,0.5,0.5",
+        help="hpa: the cluster's offered load per stage, x one pod's capacity",
     )
-    parser.add_argument("--hpa-stage-seconds", type=float, default=10.0)
+    parser.add_argument("--hpa-stage-seconds", type=float, default=8.0)
     parser.add_argument("--time-scale", type=float, default=0.1, help="hpa: factor on every time constant")
     parser.add_argument("--server-args", default="", help="extra settings for python -m service")
     args = parser.parse_args()
@@ -423,18 +464,19 @@ def main() -> None:
     started = time.perf_counter()
     server = start_service(args.repository, "--log-level", "warning", *args.server_args.split())
     startup_s = time.perf_counter() - started
-    report: dict = {"startup_s": round(startup_s, 2), "cpus": psutil.cpu_count()}
+    # Other work on the machine moves every figure: the load average is reported before and after.
+    report: dict = {"startup_s": round(startup_s, 2), "cpus": psutil.cpu_count(), "loadavg_before": os.getloadavg()}
     try:
         model = args.model or first_classifier(server.url)
         path = f"/v1/models/{model}/classify"
         time.sleep(1)
-        report["rss_idle_mb"] = round(process_rss_mb(server.process.pid), 1)
+        report["rss_idle_mb"] = round(process_usage(server.process.pid)[0], 1)
         print(f"model {model}: ready {startup_s:.1f} s after start, idle RSS {report['rss_idle_mb']} MB", flush=True)
         report["capacity_per_s"] = unit = capacity(server.url, path)
         print(f"capacity of one pod (closed loop, 8 clients, 1-sentence requests): {unit} req/s", flush=True)
         if args.part in ("ramp", "both"):
             rates = [round(float(r) * unit, 1) for r in args.rates.split(",")]
-            report["ramp"] = run_ramp(server, path, rates, args.stage_seconds, args.settle_seconds)
+            report["ramp"] = run_ramp(server, path, rates, args.stage_seconds, args.settle_seconds, unit)
             ramp = report["ramp"]
             print(f"ramp: peak RSS {ramp['rss_peak_mb']} MB, slowest probe {ramp['probe_max_ms']} ms", flush=True)
         if args.part in ("hpa", "both"):
@@ -446,6 +488,8 @@ def main() -> None:
             print(f"simulation: peak RSS {sim['rss_peak_mb']} MB, slowest probe {sim['probe_max_ms']} ms", flush=True)
     finally:
         server.stop()
+    report["loadavg_after"] = os.getloadavg()
+    print(f"load average (1, 5, 15 min) before: {report['loadavg_before']}, after: {report['loadavg_after']}")
     write_report("autoscale_simulation", report)
 
 
