@@ -30,15 +30,28 @@ def base_settings(rendered: dict[str, list[dict]]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def deploy_server(
-    base_settings: dict[str, str], tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServiceProcess]:
-    """A real server on a one-model repository, started with the base's settings (loopback address, a free port
-    and a local repository instead of the container's)."""
+def pod_env(base_settings: dict[str, str]) -> dict[str, str]:
+    """The base's settings less those that place the server (address, port, repository), which a test sets."""
+    return {
+        k: v for k, v in base_settings.items() if k.removeprefix("BERTSERVE_") not in ("HOST", "PORT", "REPOSITORY")
+    }
+
+
+@pytest.fixture(scope="session")
+def deploy_repository(tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-model repository: tiny-sst2, a tiny real BERT classifier."""
     repository = tmp_path_factory.mktemp("deploy-repository")
     export_checkpoint(str(tiny_checkpoint("bert", "classification")), "tiny-sst2", repository, variants="fp32")
+    return repository
+
+
+@pytest.fixture(scope="session")
+def deploy_server(
+    pod_env: dict[str, str], deploy_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """A real server on the one-model repository, started with the base's settings (loopback address, a free
+    port and a local repository instead of the container's)."""
     log_path: Path = tmp_path_factory.mktemp("deploy-server") / "server.log"
-    env = {k: v for k, v in base_settings.items() if k.removeprefix("BERTSERVE_") not in ("HOST", "PORT", "REPOSITORY")}
-    server = start_service(repository, log_path=log_path, env=env)
+    server = start_service(deploy_repository, log_path=log_path, env=pod_env)
     yield server
     server.stop()
