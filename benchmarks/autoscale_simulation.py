@@ -453,7 +453,7 @@ def main() -> None:
     parser.add_argument("--settle-seconds", type=float, default=2.0, help="ramp: left out at each stage's start")
     parser.add_argument(
         "--cluster-rates",
-        default="0.5,1,2,3,4,4,3,2,1,0.5,0.5,0.5",
+        default="0.5,1,2,3,4,4,3,2,1,0.5,0.5,0.5,0.5,0.5,0.5",
         help="hpa: the cluster's offered load per stage, x one pod's capacity",
     )
     parser.add_argument("--hpa-stage-seconds", type=float, default=8.0)
