@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -15,17 +17,19 @@ STAGES = (
 )
 
 
-def parse(text: str, prefix: str = "bertserve_") -> dict[str, float]:
-    """Every sample whose name starts with `prefix`, summed over its labels (models, endpoints, processes)."""
-    totals: dict[str, float] = {}
+def parse(text: str, prefix: str = "") -> Counter[str]:
+    """Every sample whose name starts with `prefix`, summed over its labels (models, endpoints, processes);
+    a name the server does not export reads 0."""
+    totals: Counter[str] = Counter()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.startswith(prefix):
-                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+                totals[sample.name] += sample.value
     return totals
 
 
-def scrape(url: str) -> dict[str, float]:
+def scrape(url: str) -> Counter[str]:
+    """The server's /metrics as {sample name: value summed over all its label sets}."""
     return parse(httpx.get(url + "/metrics", timeout=30).text)
 
 

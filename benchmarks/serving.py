@@ -62,10 +62,13 @@ class ServiceProcess:
             return self.process.wait(5)
 
 
-def start(command: list[str], log_path: Path | None = None, port: int | None = None) -> ServiceProcess:
-    """Run `python COMMAND... --port PORT` (the port is added), output to log_path (or inherited)."""
+def start(
+    command: list[str], log_path: Path | None = None, port: int | None = None, env: dict[str, str] | None = None
+) -> ServiceProcess:
+    """Run `python COMMAND... --port PORT` (the port is added), output to log_path (or inherited); `env` is added
+    to this process's environment."""
     port = port or free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **(env or {}), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     full = [sys.executable, *command, "--port", str(port)]
     if log_path is None:
         process = subprocess.Popen(full, cwd=ROOT, env=env)
@@ -75,8 +78,10 @@ def start(command: list[str], log_path: Path | None = None, port: int | None = N
     return ServiceProcess(f"http://127.0.0.1:{port}", process, log_path)
 
 
-def start_service(repository: Path, *args: str, log_path: Path | None = None, wait: bool = True) -> ServiceProcess:
-    server = start(["-m", "service", "--repository", str(repository), "--host", "127.0.0.1", *args], log_path)
+def start_service(
+    repository: Path, *args: str, log_path: Path | None = None, wait: bool = True, env: dict[str, str] | None = None
+) -> ServiceProcess:
+    server = start(["-m", "service", "--repository", str(repository), "--host", "127.0.0.1", *args], log_path, env=env)
     if wait:
         server.wait_ready()
     return server
