@@ -58,7 +58,11 @@ class Settings(BaseSettings):
         8192, ge=64, le=1_048_576, description="most padded tokens (longest row x rows) in one batch"
     )
     max_padding_ratio: float = Field(
-        1.1, ge=1.0, le=100.0, description="most padded / real tokens in a batch (rows of like length batch together)"
+        1.1,
+        ge=1.0,
+        le=100.0,
+        description="most padded / real tokens in a batch (rows of like length batch together); with shape "
+        "buckets (CUDA) no cap unless set",
     )
     max_wait_ms: float = Field(2.0, ge=0, le=1000, description="longest wait for more work before a partial batch")
     max_queue_rows: int = Field(2048, ge=1, le=1_000_000, description="rows queued per model before 429")
@@ -95,9 +99,10 @@ class Settings(BaseSettings):
         return self.threads or (os.cpu_count() or 1)
 
     def to_env(self) -> dict[str, str]:
-        """These settings as BERTSERVE_* variables: how the launcher hands them to its processes."""
+        """The settings given (not the defaults) as BERTSERVE_* variables: how the launcher hands them on, so
+        that a child sees the same settings and knows which were chosen."""
         env = {}
-        for name, value in self.model_dump(mode="json").items():
+        for name, value in self.model_dump(mode="json", exclude_unset=True).items():
             if value is None:
                 continue
             if isinstance(value, list | dict):

@@ -286,8 +286,10 @@ class Batcher:
         return batch
 
     def _fits(self, width: int, count: int, real_tokens: int) -> bool:
-        padded = self._padded_cost(count, width)
-        return padded <= self.max_batch_tokens and padded <= self.max_padding_ratio * real_tokens
+        """Within the token budget at the cost the runtime really pays (its bucket's, with shape buckets), and
+        rows of like length: the padding ratio is judged on the batch's own longest row, before any bucket."""
+        within_budget = self._padded_cost(count, width) <= self.max_batch_tokens
+        return within_budget and width * count <= self.max_padding_ratio * real_tokens
 
     async def _run(self, batch: list[_Item], prepared: Any) -> None:
         started = time.monotonic()

@@ -5,15 +5,18 @@ CUDA graph capture) and ~2-4 ms after. A batcher that makes a new (rows, width) 
 that nearly every time. Padding each batch up to the next shape of a small grid, and running every shape of
 the grid once before the server says ready, turns those costs into start-up time.
 
-Rows go to the next power of two (the largest bucket is `max_rows` itself), width to the next multiple of
-`width_step` (the largest is `max_width`). Only shapes whose padded tokens fit `max_tokens` are in the grid: the
-batcher's budget is checked against the bucket's padded cost, so a batch never needs a shape outside it.
+Rows go to the next power of two up to 32, then to the next multiple of 32 (the largest bucket is `max_rows`),
+width to the next multiple of `width_step` (the largest is `max_width`). Only shapes whose padded tokens fit
+`max_tokens` are in the grid: the batcher's budget is checked against the bucket's padded cost, so a batch never
+needs a shape outside it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+
+ROW_STEP = 32
 
 
 @dataclass(frozen=True)
@@ -31,10 +34,12 @@ class ShapeGrid:
 
     @cached_property
     def row_sizes(self) -> tuple[int, ...]:
+        """Powers of two up to 32, then every multiple of 32: a batch of 100 rows pays for 128, not 128 for 65."""
         sizes, size = [], 1
-        while size < self.max_rows:
+        while size < min(self.max_rows, ROW_STEP):
             sizes.append(size)
             size *= 2
+        sizes.extend(range(ROW_STEP, self.max_rows, ROW_STEP))
         return (*sizes, self.max_rows)
 
     @cached_property

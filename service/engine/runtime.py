@@ -108,6 +108,8 @@ class ModelRuntime:
     def _open(self, *, use_cuda_graphs: bool) -> ort.InferenceSession:
         settings = self.settings
         options = ort.SessionOptions()
+        # On CUDA too: one non-spinning intra-op thread was measured 8% slower per batch on an H100 (16 cores) and
+        # no faster end to end than one per core, so the CPU and CUDA sessions take the same thread settings.
         options.intra_op_num_threads = settings.session_threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

@@ -73,3 +73,17 @@ def test_missing_repository_is_refused_with_the_reason(tmp_path: Path) -> None:
         done.stderr.strip()
         == f"error: model repository {tmp_path / 'nowhere'} does not exist (build one: python -m export ...)"
     )
+
+
+def test_the_launcher_hands_on_only_the_settings_given(monkeypatch) -> None:
+    given = Settings(max_batch_size=64, models=["a", "b"], spin_threads=False)
+    env = given.to_env()
+    assert env == {
+        "BERTSERVE_MAX_BATCH_SIZE": "64",
+        "BERTSERVE_MODELS": '["a", "b"]',
+        "BERTSERVE_SPIN_THREADS": "false",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    child = Settings()
+    assert child == given and child.model_fields_set == given.model_fields_set

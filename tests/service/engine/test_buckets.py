@@ -7,7 +7,10 @@ import pytest
 from service.engine.buckets import ShapeGrid
 
 
-def test_rows_go_to_powers_of_two_and_widths_to_the_step() -> None:
+def test_rows_go_to_powers_of_two_then_multiples_of_32_and_widths_to_the_step() -> None:
+    assert ShapeGrid(max_rows=130, max_width=64, max_tokens=8192).row_sizes == (1, 2, 4, 8, 16, 32, 64, 96, 128, 130)
+    assert ShapeGrid(max_rows=32, max_width=64, max_tokens=8192).row_sizes == (1, 2, 4, 8, 16, 32)
+
     grid = ShapeGrid(max_rows=24, max_width=100, max_tokens=1024, width_step=16)
     assert grid.row_sizes == (1, 2, 4, 8, 16, 24)
     assert grid.widths == (16, 32, 48, 64, 80, 96, 100)
