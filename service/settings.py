@@ -39,7 +39,7 @@ class Settings(BaseSettings):
         "per device; in-process: one process does all; auto: process where a GPU is used, in-process on the CPU",
     )
     frontends: int = Field(
-        0, ge=0, le=64, description="front-end processes sharing the port in process mode; 0: half the cores, 1-8"
+        0, ge=0, le=64, description="front-end processes sharing the port in process mode; 0: 3/4 of the cores, 1-12"
     )
     shape_buckets: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -47,8 +47,10 @@ class Settings(BaseSettings):
         "warmed before ready; auto: on for CUDA, off on the CPU (exact-length batches)",
     )
     bucket_width_step: int = Field(16, ge=1, le=512, description="shape buckets: widths are multiples of this")
-    cuda_graphs: Literal["auto", "on", "off"] = Field(
-        "auto", description="capture one CUDA graph per shape bucket (CUDA only, needs shape buckets); auto: on"
+    cuda_graphs: Literal["on", "off"] = Field(
+        "off",
+        description="capture one CUDA graph per shape bucket (CUDA only, needs shape buckets); off by default: "
+        "measured no faster when served under load",
     )
     spin_threads: bool = Field(
         True, description="let idle onnxruntime threads spin (more batch throughput; off can suit many small requests)"
@@ -116,7 +118,8 @@ class Settings(BaseSettings):
 
     @property
     def frontend_count(self) -> int:
-        return self.frontends or max(1, min(8, (os.cpu_count() or 1) // 2))
+        # measured on 16 cores (H100): 12 front-ends 6.5k 1-input requests/s, 8 front-ends 5.5k
+        return self.frontends or max(1, min(12, (os.cpu_count() or 1) * 3 // 4))
 
 
 for _name, _field in Settings.model_fields.items():

@@ -103,7 +103,7 @@ class ModelRuntime:
         )
 
     def _wants_cuda_graphs(self) -> bool:
-        return self.placement.provider == CUDA and self.grid is not None and self.settings.cuda_graphs != "off"
+        return self.placement.provider == CUDA and self.grid is not None and self.settings.cuda_graphs == "on"
 
     def _open(self, *, use_cuda_graphs: bool) -> ort.InferenceSession:
         settings = self.settings
