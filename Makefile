@@ -5,20 +5,32 @@ PY := $(VENV)/bin/python
 REPOSITORY ?= models
 DEMO_MODELS := demo-sentiment demo-ner demo-qa
 INSTALLED := $(VENV)/.installed
+# Every package installed is pinned here (make install and the Docker images); `make lock` rewrites it.
+LOCK := constraints.txt
+# Where pip finds the torch CPU build the lock pins (torch==X+cpu), if not in its configuration already.
+TORCH_INDEX_URL ?=
 
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install run demo test lint format openapi clean
+.PHONY: install run demo test lint format openapi clean lock
 
-$(INSTALLED): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Exactly the versions of the lock; torch is its CPU build (+cpu); onnxruntime comes from the cpu extra.
+$(INSTALLED): pyproject.toml $(LOCK) | $(VENV)/bin/python
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch is pinned in the export extra (2.13.0, CPU build); onnxruntime comes from the cpu extra.
-	$(PY) -m pip install --quiet -e '.[cpu,export,dev,loadtest]'
+	$(PY) -m pip install --quiet -c $(LOCK) $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) \
+		-e '.[cpu,export,dev,loadtest]'
 	touch $@
 
 install: $(INSTALLED)
+
+# Re-resolves every dependency (the newest versions pyproject.toml allows) into the lock; LOCK_ARGS=--keep keeps
+# the current pins where they still apply. Then `make install test` and, for the images, `make test-container`.
+lock: | $(VENV)/bin/python
+	$(PY) tools/lock.py $(LOCK_ARGS)
 
 # Builds the demo repository (one small random-weight model per task) unless every demo entry is there.
 demo: $(INSTALLED)

@@ -29,6 +29,11 @@ What it does:
   pipeline's own preprocess), and the answers (always a list; the pipeline returns a bare dict for one answer),
   or the error the pipeline raised. `checkpoint.fingerprint` holds the sha256 of model.safetensors and
   tokenizer.json as transformers 5 wrote them, so the tests can tell when a rebuilt checkpoint changed.
+- Beside each fixture, NAME.logits.npz holds the start and end logits the pipeline's model produced for each
+  window: `windows` (the window hashes, sorted), `lengths` (tokens per window) and `logits` (float32, shape
+  (2, total tokens): start and end logits of the windows one after the other, in that order). The tests
+  post-process exactly these logits, so their answers do not depend on how a CPU computes the model; that our
+  PyTorch model still gives these logits is a separate test with its own tolerance.
 """
 
 from __future__ import annotations
@@ -158,18 +163,30 @@ def main() -> None:
     if args.only != "real":
         with tempfile.TemporaryDirectory(prefix="qa-golden-") as workdir:
             for arch in TINY_ARCHS:
-                write_fixture(args.out / f"tiny-{arch}.json", tiny_fixture(Path(workdir), arch, args.main_python))
+                write_fixture(args.out / f"tiny-{arch}.json", *tiny_fixture(Path(workdir), arch, args.main_python))
     if args.only != "tiny":
         checkpoint = args.shared / "models" / REAL_NAME
         squad = args.shared / SQUAD_FILE
         if (checkpoint / "config.json").is_file() and squad.is_file():
-            write_fixture(args.out / f"{REAL_NAME}.json", real_fixture(checkpoint, squad))
+            write_fixture(args.out / f"{REAL_NAME}.json", *real_fixture(checkpoint, squad))
         else:
             print(f"skipped the real checkpoint: {checkpoint} or {squad} is absent", file=sys.stderr)
 
 
-def write_fixture(path: Path, fixture: dict[str, Any]) -> None:
-    """JSON with one case per line: small, and readable in a diff."""
+def write_fixture(path: Path, fixture: dict[str, Any], logits: dict[str, Any]) -> None:
+    """JSON with one case per line (small, and readable in a diff), and the windows' logits beside it (npz)."""
+    import numpy as np
+
+    windows = {window[1] for case in fixture["cases"] for window in case.get("windows", [])}
+    if windows != set(logits):
+        raise SystemExit(f"{path}: logits recorded for {len(logits)} windows, the cases have {len(windows)}")
+    keys = sorted(logits)
+    np.savez_compressed(
+        path.with_suffix(".logits.npz"),
+        windows=np.array(keys),
+        lengths=np.array([logits[key].shape[1] for key in keys], dtype=np.int64),
+        logits=np.concatenate([logits[key] for key in keys], axis=1),
+    )
     header = [f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}," for key, value in fixture.items()]
     header = [line for line, key in zip(header, fixture, strict=True) if key != "cases"]
     cases = ",\n".join("  " + json.dumps(case, ensure_ascii=False) for case in fixture["cases"])
@@ -223,6 +240,24 @@ def check_tokenizer(tokenizer: Any, original: Path) -> None:
         raise SystemExit(f"{original}: expected a fast tokenizer padding on the right (question first)")
 
 
+class LogitsRecorder:
+    """The start and end logits of every window the pipeline's model sees, keyed by the window's hash."""
+
+    def __init__(self, model: Any) -> None:
+        self.logits: dict[str, Any] = {}
+        model.register_forward_hook(self._record, with_kwargs=True)
+
+    def _record(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        import numpy as np
+
+        for ids, start, end in zip(kwargs["input_ids"], output.start_logits, output.end_logits, strict=True):
+            logits = np.stack([start.detach().numpy(), end.detach().numpy()]).astype(np.float32)
+            key = window_hash(ids.tolist())
+            if key in self.logits and not np.array_equal(self.logits[key], logits):
+                raise SystemExit(f"window {key}: the model gave different logits for the same window")
+            self.logits[key] = logits
+
+
 def make_pipeline(model_dir: Path, tokenizer_dir: Path) -> Any:
     import torch
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline
@@ -259,6 +294,8 @@ def generator_info() -> dict[str, Any]:
         "tokenizers": tokenizers.__version__,
         "torch": torch.__version__,
         "numpy": numpy.__version__,
+        # Where the answers were made (for a reader: the tests no longer depend on it).
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "pipeline": "question-answering, PyTorch, fp32, eager attention, batch size 1",
     }
 
@@ -317,10 +354,11 @@ def collect(qa: Any, texts: Texts, cases: list[tuple[str, str, dict[str, Any]]])
     ]
 
 
-def tiny_fixture(workdir: Path, arch: str, main_python: Path) -> dict[str, Any]:
+def tiny_fixture(workdir: Path, arch: str, main_python: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     original = build_tiny(workdir, arch, main_python)
     copy, notes = loadable_by_457(original)
     qa = make_pipeline(copy, copy)
+    recorder = LogitsRecorder(qa.model)
     check_tokenizer(qa.tokenizer, original)
     cases = [(TINY_QUESTIONS[q], TINY_CONTEXTS[c], params) for q, c in TINY_PAIRS for params in TINY_PARAMS]
     checked = [(*case, True) for case in TINY_ERRORS] + [(*case, False) for case in TINY_FITS]
@@ -330,13 +368,14 @@ def tiny_fixture(workdir: Path, arch: str, main_python: Path) -> dict[str, Any]:
     for (_, _, params, expect_error), result in zip(checked, results[-len(checked) :], strict=True):
         if ("error" in result) != expect_error:
             raise SystemExit(f"tiny-{arch} {params}: expected {'an error' if expect_error else 'answers'}: {result}")
-    return {
+    fixture = {
         "generator": generator_info(),
         "checkpoint": {**checkpoint_info(f"tiny-{arch}", "tiny", original, qa, notes), "arch": arch},
         "questions": texts.questions,
         "contexts": texts.contexts,
         "cases": results,
     }
+    return fixture, recorder.logits
 
 
 def squad_cases(squad: Path) -> list[tuple[str, str, dict[str, Any]]]:
@@ -363,8 +402,9 @@ def squad_cases(squad: Path) -> list[tuple[str, str, dict[str, Any]]]:
     return cases
 
 
-def real_fixture(checkpoint: Path, squad: Path) -> dict[str, Any]:
+def real_fixture(checkpoint: Path, squad: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     qa = make_pipeline(checkpoint, checkpoint)
+    recorder = LogitsRecorder(qa.model)
     check_tokenizer(qa.tokenizer, checkpoint)
     notes = ["model loaded with torch_dtype=torch.float32 (stored fp16) and passed to the pipeline as an object"]
     texts = Texts()
@@ -372,7 +412,7 @@ def real_fixture(checkpoint: Path, squad: Path) -> dict[str, Any]:
     long_windows = [len(case["windows"]) for case in results if case["params"] == {} and len(case["windows"]) > 1]
     if len(long_windows) < len(LONG_ARTICLES) * 3:
         raise SystemExit(f"the long contexts should need several windows at the defaults: {long_windows}")
-    return {
+    fixture = {
         "generator": generator_info(),
         "checkpoint": checkpoint_info(REAL_NAME, "shared", checkpoint, qa, notes),
         "data": {"file": str(SQUAD_FILE), "selection": f"first question of every {SQUAD_PARAGRAPH_STEP}th paragraph"},
@@ -380,6 +420,7 @@ def real_fixture(checkpoint: Path, squad: Path) -> dict[str, Any]:
         "contexts": texts.contexts,
         "cases": results,
     }
+    return fixture, recorder.logits
 
 
 if __name__ == "__main__":

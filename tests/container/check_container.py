@@ -104,10 +104,20 @@ def mb(size: int) -> str:
     return f"{size / 1e6:,.0f} MB"
 
 
+def lock_pins() -> dict[str, str]:
+    """{name: version} of constraints.txt, the lock every image installs from (names as written there)."""
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[name.strip()] = version.strip()
+    return pins
+
+
 def torch_version() -> str:
-    match = re.search(r"^ARG TORCH_VERSION=(\S+)", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
-    check(match, "Dockerfile has no ARG TORCH_VERSION")
-    return match.group(1)
+    version = lock_pins().get("torch")
+    check(version, "constraints.txt pins no torch")
+    return version
 
 
 def local_torch_wheel_dir(workdir: Path) -> tuple[Path | None, str]:
@@ -292,16 +302,22 @@ def check_endpoints(port: int, expect_demo: bool = True) -> str:
     return "probes, models, classify/ner/qa, 400/404/422, openapi, docs"
 
 
-# Run inside an image: bertserve's own requirements (base + the given extras) are installed at matching versions
-# (the images install pinned files with --no-deps), and whether torch is there.
+# Run inside an image: every installed package is the lock's version (argv[1]: the pins as JSON), bertserve's own
+# requirements (base + the extras in argv[2:]) are installed at matching versions, and whether torch is there.
 REQUIREMENTS_CHECK = """
-import importlib.util, sys
-from importlib.metadata import PackageNotFoundError, requires, version
+import importlib.util, json, sys
+from importlib.metadata import PackageNotFoundError, distributions, requires, version
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 bad = []
+pins = {canonicalize_name(name): pinned for name, pinned in json.loads(sys.argv[1]).items()}
+for dist in distributions():
+    name = canonicalize_name(dist.metadata["Name"])
+    if name != "bertserve" and pins.get(name) != dist.version:
+        bad.append(f"{name}=={dist.version} (the lock: {pins.get(name, 'not pinned')})")
 for line in requires("bertserve"):
     req = Requirement(line)
-    if req.marker and not any(req.marker.evaluate({"extra": extra}) for extra in sys.argv[1:]):
+    if req.marker and not any(req.marker.evaluate({"extra": extra}) for extra in sys.argv[2:]):
         continue
     try:
         if not req.specifier.contains(version(req.name), prereleases=True):
@@ -316,9 +332,19 @@ sys.exit(1 if bad else 0)
 def check_image_contents(container: str | None, image: str, extras: list[str], torch: bool) -> str:
     """In a running container (docker exec) or a fresh one (docker run --rm --entrypoint python)."""
     if container:
-        cmd = ["exec", container, "python", "-c", REQUIREMENTS_CHECK, *extras]
+        cmd = ["exec", container, "python", "-c", REQUIREMENTS_CHECK, json.dumps(lock_pins()), *extras]
     else:
-        cmd = ["run", "--rm", "--entrypoint", "python", image, "-c", REQUIREMENTS_CHECK, *extras]
+        cmd = [
+            "run",
+            "--rm",
+            "--entrypoint",
+            "python",
+            image,
+            "-c",
+            REQUIREMENTS_CHECK,
+            json.dumps(lock_pins()),
+            *extras,
+        ]
     result = docker(*cmd, check_rc=False)
     out = result.stdout.strip()
     check(result.returncode == 0, f"{image}: bertserve's requirements [{','.join(extras)}] not met: {out}")
