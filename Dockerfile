@@ -121,6 +121,10 @@ COPY --from=project /site/ /opt/venv/lib/python3.11/site-packages/
 ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
+# A GPU wants big batches (measured on an H100: README "On a GPU"); process mode and shape buckets come by
+# themselves where a GPU is found (--engine-mode auto, --shape-buckets auto).
+ENV BERTSERVE_MAX_BATCH_SIZE=256 \
+    BERTSERVE_MAX_BATCH_TOKENS=16384
 USER 10001:10001
 
 FROM serve AS serve-cpu

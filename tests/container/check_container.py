@@ -533,6 +533,8 @@ def check_gpu_fallback(image: str, repository: Path, expected_models: list[str])
         for m in models.values():
             check(m["provider"] == "CPUExecutionProvider", f"{m['name']} provider {m['provider']}")
             check(m["note"] and "CPU" in m["note"], f"{m['name']}: no fallback note: {m}")
+            limits = m["limits"]  # the image's GPU batch settings (Dockerfile ENV) are what the server took
+            check((limits["max_batch_size"], limits["max_batch_tokens"]) == (256, 16384), f"gpu limits {limits}")
         note = next(iter(models.values()))["note"]
         log = logs(name)
         check("WARNING" in log and "running on the CPU" in log, f"no fallback warning in the log:\n{log[-2000:]}")
