@@ -1,4 +1,9 @@
-"""The model variants written from the fused fp32 graph: fp16 for the CUDA provider, int8 for the CPU."""
+"""The model variants written from the fused fp32 graph: fp16 for the CUDA provider, int8 for the CPU.
+
+`int8` is static (batch-invariant: activation scales fixed at export from calibration text, see
+export/calibration.py); `int8-dynamic` computes activation scales per batch at run time, so a row's answer can
+move with its batch neighbours. It is a little faster, and kept for those who accept that.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,13 @@ import onnx
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.onnx_model import OnnxModel
 
-VARIANTS = ("fp32", "fp16", "int8")
+VARIANTS = ("fp32", "fp16", "int8", "int8-dynamic")
+DEFAULT_VARIANTS = ("fp32", "fp16", "int8")
 VARIANT_PROVIDERS = {
     "fp32": ["CPUExecutionProvider"],
     "fp16": ["CUDAExecutionProvider"],
     "int8": ["CPUExecutionProvider"],
+    "int8-dynamic": ["CPUExecutionProvider"],
 }
 
 
@@ -28,7 +35,7 @@ def write_fp16(fused_fp32: Path, out: Path) -> None:
     model.save_model_to_file(str(out))
 
 
-def write_int8(fused_fp32: Path, out: Path) -> None:
+def write_int8_dynamic(fused_fp32: Path, out: Path) -> None:
     """Dynamic quantization: int8 weights (per channel), activation scales computed per batch at run time."""
     root = logging.getLogger()
     level = root.level
