@@ -46,6 +46,7 @@ class ServerState:
             "labels": config.get("labels"),
             "problem_type": config.get("problem_type"),
             "variant": runtime.variant if runtime else None,
+            "variant_accuracy": config["variants"][runtime.variant].get("accuracy") if runtime else None,
             "provider": runtime.provider if runtime else None,
             "note": model.note,
             "demo": bool(config.get("demo", False)),
