@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from export import __version__
 from export.architectures import OUTPUT_NAMES
-from export.calibration import calibration_feeds, calibration_set, write_int8_static
+from export.calibration import CalibrationSet, calibration_feeds, calibration_set, write_int8_static
 from export.checkpoint import Checkpoint, load_checkpoint
 from export.errors import ExportError, first_line
 from export.evaluation import (
@@ -101,20 +101,11 @@ def export_checkpoint(
         fp32 = staging / file_name("fp32")
         optimize(raw, fp32, checkpoint.num_heads, checkpoint.hidden_size)
         raw.unlink()
-        dynamic = staging / file_name("int8-dynamic")
         variant_entries = {}
         for variant in wanted:
             path = staging / file_name(variant)
             progress(f"writing and validating {variant}")
-            extra: dict[str, Any] = {}
-            if variant == "fp16":
-                write_fp16(fp32, path)
-            elif variant in ("int8", "int8-dynamic") and not dynamic.exists():
-                write_int8_dynamic(fp32, dynamic)
-            if variant == "int8" and calibration_texts is not None:
-                progress(f"calibrating int8 on {len(calibration_texts.texts)} inputs ({calibration_texts.source})")
-                feeds = calibration_feeds(checkpoint, calibration_texts.texts)
-                extra["calibration"] = {"text": calibration_texts.source, **write_int8_static(dynamic, path, feeds)}
+            extra = _write_variant(variant, staging, checkpoint, calibration_texts, progress)
             operators = contrib_operator_counts(path)
             if variant == "fp32":
                 check_attention_fused(operators, checkpoint.num_layers)
@@ -132,8 +123,8 @@ def export_checkpoint(
                 "validation": validation.to_dict(),
                 **extra,
             }
-        if "int8-dynamic" not in wanted:
-            dynamic.unlink(missing_ok=True)
+        if "int8-dynamic" not in wanted:  # static int8 is made from it
+            (staging / file_name("int8-dynamic")).unlink(missing_ok=True)
         refused = _measure_accuracy(staging, variant_entries, eval_set, checkpoint, max_accuracy_loss, progress)
         tokenizer_info = _save_tokenizer(checkpoint, staging)
         seconds = time.perf_counter() - started
@@ -149,6 +140,23 @@ def export_checkpoint(
         config["refused_variants"] = refused
         write_config(staging, config)
     return ExportResult(entry=repository / name, config=config, seconds=time.perf_counter() - started)
+
+
+def _write_variant(
+    variant: str, staging: Path, checkpoint: Checkpoint, calibration: CalibrationSet | None, progress: Progress
+) -> dict[str, Any]:
+    """Write one variant from the fused fp32 graph; returns what model.json records about how it was made."""
+    fp32, dynamic = staging / file_name("fp32"), staging / file_name("int8-dynamic")
+    if variant == "fp16":
+        write_fp16(fp32, staging / file_name(variant))
+    if variant in ("int8", "int8-dynamic") and not dynamic.exists():
+        write_int8_dynamic(fp32, dynamic)
+    if variant == "int8" and calibration is not None:
+        progress(f"calibrating int8 on {len(calibration.texts)} inputs ({calibration.source})")
+        feeds = calibration_feeds(checkpoint, calibration.texts)
+        made = write_int8_static(dynamic, staging / file_name(variant), feeds)
+        return {"calibration": {"text": calibration.source, **made}}
+    return {}
 
 
 def _measure_accuracy(
