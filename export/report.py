@@ -26,8 +26,11 @@ def summary(result: ExportResult) -> str:
         operators = ", ".join(f"{op} {n}" for op, n in entry["fused_operators"].items()) or "none"
         lines.append(f"  {variant:<12} {_size(entry['size_bytes']):>9}  {_validation(entry['validation'])}")
         lines.append(f"  {'':<12} {'':>9}  fused: {operators}")
-        if entry.get("accuracy", {}).get("measured"):
-            lines.append(f"  {'':<12} {'':>9}  {_accuracy(entry['accuracy'])}")
+        accuracy = entry.get("accuracy", {})
+        if accuracy.get("measured"):
+            lines.append(f"  {'':<12} {'':>9}  {_accuracy(accuracy)}")
+        elif config.get("evaluation"):
+            lines.append(f"  {'':<12} {'':>9}  on eval data: not measured ({accuracy.get('reason')})")
     evaluation = config.get("evaluation")
     if evaluation:
         lines.append(
