@@ -103,8 +103,61 @@ def write_int8_static(dynamic: Path, out: Path, feeds: list[dict[str, np.ndarray
     nodes = [replacements.get(id(node), node) for node in model.graph.node]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    fused = fuse_integer_matmuls(model)
     onnx.save(model, str(out))
-    return {"activations": len(frozen), "inputs": len(feeds), "method": "min-max over the calibration inputs"}
+    return {
+        "activations": len(frozen),
+        "inputs": len(feeds),
+        "method": "min-max over the calibration inputs",
+        "fused_matmuls": fused,
+    }
+
+
+def fuse_integer_matmuls(model: onnx.ModelProto) -> int:
+    """MatMulInteger -> Cast -> Mul(by a_scale * b_scale) becomes one MatMulIntegerToFloat.
+
+    onnxruntime fuses this chain itself only while the scale product is computed by a node; with the activation
+    scale now a constant, its constant folding removes that node first and the chain stays three kernels
+    (measured: static int8 at about two thirds of dynamic int8's speed). Same arithmetic, one kernel.
+    """
+    graph = model.graph
+    producer = {output: node for node in graph.node for output in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    removed: set[int] = set()
+    replaced: dict[int, onnx.NodeProto] = {}
+    for node in graph.node:
+        if node.op_type != "MatMulInteger" or len(node.input) != 4:
+            continue
+        cast = _only_consumer(consumers, node.output[0], "Cast")
+        mul = _only_consumer(consumers, cast.output[0], "Mul") if cast is not None else None
+        if mul is None:
+            continue
+        scales = producer.get(mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0])
+        if scales is None or scales.op_type != "Mul" or len(consumers.get(scales.output[0], [])) != 1:
+            continue
+        a_scale, b_scale = scales.input
+        a, b, a_zero_point, b_zero_point = node.input
+        fused = helper.make_node(
+            "MatMulIntegerToFloat",
+            [a, b, a_scale, b_scale, a_zero_point, b_zero_point],
+            [mul.output[0]],
+            name=f"{node.name}.to_float",
+            domain="com.microsoft",
+        )
+        replaced[id(node)] = fused
+        removed.update({id(cast), id(mul), id(scales)})
+    nodes = [replaced.get(id(node), node) for node in graph.node if id(node) not in removed]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replaced)
+
+
+def _only_consumer(consumers: dict[str, list[onnx.NodeProto]], tensor: str, op_type: str) -> onnx.NodeProto | None:
+    found = consumers.get(tensor, [])
+    return found[0] if len(found) == 1 and found[0].op_type == op_type else None
 
 
 def uint8_scale(low: float, high: float) -> tuple[float, int]:
