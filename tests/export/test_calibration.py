@@ -97,6 +97,11 @@ def test_static_int8_graph_has_fixed_scales_and_integer_operators(int8_entries, 
     assert int8["size_bytes"] < config["variants"]["fp32"]["size_bytes"]
     assert int8["validation"]["agreement"] >= (0.5 if task == "qa" else 0.9)
     assert (entry / "model.int8-dynamic.onnx").is_file()
+    float_matmuls = [node.name for node in graph.node if node.op_type == "MatMul"]
+    if arch == "albert":  # the embedding projection feeds the residual stream: kept in fp32
+        assert len(float_matmuls) == 1 and "embedding_hidden_mapping_in" in float_matmuls[0]
+    else:
+        assert float_matmuls == []
 
 
 def test_user_calibration_text_is_used_and_recorded(tiny_checkpoint, tmp_path: Path) -> None:
