@@ -4,15 +4,13 @@ Starts `python -m service` on the real checkpoints and sends the data over HTTP:
 SST-2 dev accuracy (872 sentences), CoNLL-2003 test entity F1 (3,453 sentences; entities from the `first`
 strategy mapped back to words), SQuAD v1.1 EM/F1 (5,609 questions; official normalisation, best over gold).
 
-    python -m benchmarks.evaluate_served [--tasks sst2,conll03,squad] [--squad-limit N] [--variant fp32|int8]
+    python -m benchmarks.evaluate_served [--tasks sst2,conll03,squad] [--squad-limit N]
+                                         [--variant fp32|int8|int8-dynamic]
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import re
-import string
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from benchmarks.realdata import SHARED, conll03, shared_available, squad, sst2
 from benchmarks.reports import write_report
 from benchmarks.serving import start_service
 from export.cli import quiet_libraries
+from export.evaluation import answer_f1, entity_spans, normalize_answer
 from export.pipeline import export_checkpoint
 
 MODELS = {"sst2": "minilm-bert-sst2", "conll03": "minilm-bert-conll03", "squad": "minilm-bert-squad"}
@@ -52,19 +51,6 @@ def evaluate_sst2(url: str) -> dict:
     return {"sentences": len(data), "accuracy": round(correct / len(data), 4)}
 
 
-def chunks_of(tags: list[str]) -> set[tuple[int, int, str]]:
-    """IOB2 tags -> (first word, last word, type) spans, as conlleval counts them."""
-    spans, start, kind = set(), None, None
-    for i, tag in enumerate([*tags, "O"]):
-        prefix, _, label = tag.partition("-")
-        if start is not None and (prefix != "I" or label != kind):
-            spans.add((start, i - 1, kind))
-            start = kind = None
-        if prefix == "B" or (prefix == "I" and start is None):
-            start, kind = i, label
-    return spans
-
-
 def evaluate_conll(url: str) -> dict:
     data = conll03()
     texts = [" ".join(words) for words, _ in data]
@@ -85,7 +71,7 @@ def evaluate_conll(url: str) -> dict:
             covered = [i for i, s in enumerate(starts) if s < entity["end"] and s + len(words[i]) > entity["start"]]
             for j, i in enumerate(covered):
                 tags[i] = ("B-" if j == 0 else "I-") + entity["entity_group"]
-        predicted, expected = chunks_of(tags), chunks_of(gold)
+        predicted, expected = entity_spans(tags), entity_spans(gold)
         true_positive += len(predicted & expected)
         predicted_count += len(predicted)
         gold_count += len(expected)
@@ -98,30 +84,15 @@ def evaluate_conll(url: str) -> dict:
     }
 
 
-def normalize(text: str) -> str:
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def f1_score(prediction: str, gold: str) -> float:
-    predicted, expected = normalize(prediction).split(), normalize(gold).split()
-    common = collections.Counter(predicted) & collections.Counter(expected)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(predicted), same / len(expected)
-    return 2 * precision * recall / (precision + recall)
-
-
 def evaluate_squad(url: str, limit: int | None) -> dict:
     data = squad(limit)
     bodies = [{"inputs": [{"question": q, "context": c} for q, c, _ in chunk]} for chunk in chunks(data, 8)]
     answers = [r[0]["answer"] for a in post_all(url, f"/v1/models/{MODELS['squad']}/qa", bodies) for r in a["results"]]
     exact = sum(
-        max(normalize(p) == normalize(g) for g in golds) for p, (_, _, golds) in zip(answers, data, strict=True)
+        max(normalize_answer(p) == normalize_answer(g) for g in golds)
+        for p, (_, _, golds) in zip(answers, data, strict=True)
     )
-    f1 = sum(max(f1_score(p, g) for g in golds) for p, (_, _, golds) in zip(answers, data, strict=True))
+    f1 = sum(max(answer_f1(p, g) for g in golds) for p, (_, _, golds) in zip(answers, data, strict=True))
     return {
         "questions": len(data),
         "exact_match": round(100 * exact / len(data), 2),
@@ -133,7 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="sst2,conll03,squad")
     parser.add_argument("--squad-limit", type=int, default=None)
-    parser.add_argument("--variant", choices=["fp32", "int8"], default="fp32")
+    parser.add_argument("--variant", choices=["fp32", "int8", "int8-dynamic"], default="fp32")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertserve-evaluate"))
     args = parser.parse_args()
     if not shared_available():
@@ -142,8 +113,10 @@ def main() -> None:
     tasks = args.tasks.split(",")
     repository = args.workdir / "models"
     for task in tasks:
-        if not (repository / MODELS[task] / "model.json").is_file():
-            export_checkpoint(str(SHARED / "models" / MODELS[task]), MODELS[task], repository, variants="fp32,int8")
+        if not (repository / MODELS[task] / "model.int8-dynamic.onnx").is_file():
+            export_checkpoint(
+                str(SHARED / "models" / MODELS[task]), MODELS[task], repository, variants="fp32,int8,int8-dynamic"
+            )
     server = start_service(
         repository,
         "--log-level",

@@ -7,6 +7,7 @@
 each with requests of 1 input and of 16 inputs. Client and servers share this machine's cores.
 
     python -m benchmarks.serve_benchmark [--seconds 20] [--clients-1 16] [--clients-16 6]
+                                         [--cpu-variant auto|fp32|int8|int8-dynamic]
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ def main() -> None:
     parser.add_argument("--clients-1", type=int, default=16, help="connections for 1-input requests")
     parser.add_argument("--clients-16", type=int, default=6, help="connections for 16-input requests")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertserve-serve-bench"))
+    parser.add_argument(
+        "--cpu-variant", default="auto", choices=["auto", "fp32", "int8", "int8-dynamic"], help="served CPU variant"
+    )
     parser.add_argument("--server-args", default="", help="extra settings for python -m service")
     parser.add_argument("--skip-pipeline", action="store_true")
     args = parser.parse_args()
@@ -97,8 +101,8 @@ def main() -> None:
     quiet_libraries()
     checkpoint = SHARED / "models" / MODEL
     repository = args.workdir / "models"
-    if not (repository / MODEL / "model.json").is_file():
-        export_checkpoint(str(checkpoint), MODEL, repository, variants="fp32,int8")
+    if not (repository / MODEL / "model.int8-dynamic.onnx").is_file():
+        export_checkpoint(str(checkpoint), MODEL, repository, variants="fp32,int8,int8-dynamic")
     sentences = [s for s, _ in sst2()]
     report: dict = {"cores": os.cpu_count(), "sentences": len(sentences)}
 
@@ -106,8 +110,10 @@ def main() -> None:
     report["raw"] = {k: round(v, 1) for k, v in raw_session(repository / MODEL, sentences, os.cpu_count()).items()}
     print(f"  {report['raw']}", flush=True)
 
-    print(f"service: python -m service --repository {repository} {args.server_args}", flush=True)
-    server = start_service(repository, "--log-level", "warning", *args.server_args.split())
+    print(f"service: python -m service --repository {repository} --cpu-variant {args.cpu_variant} {args.server_args}")
+    server = start_service(
+        repository, "--log-level", "warning", "--cpu-variant", args.cpu_variant, *args.server_args.split()
+    )
     try:
         cases = load_cases(sentences, f"/v1/models/{MODEL}/classify", args)
         report["service"] = measure(server.url, cases, args.seconds, True)

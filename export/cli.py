@@ -25,7 +25,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--task", default="auto", choices=["auto", "classification", "ner", "qa"])
     parser.add_argument("--repository", type=Path, default=Path("models"), help="model repository (default: models)")
     parser.add_argument(
-        "--variants", default="fp32,fp16,int8", help="comma-separated, of fp32,fp16,int8 (fp32 is always made)"
+        "--variants",
+        default="fp32,fp16,int8",
+        help="comma-separated, of fp32,fp16,int8,int8-dynamic (fp32 is always made; int8 is static, batch-invariant)",
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        help="text to calibrate static int8 on: one input a line (QA: question<TAB>context); default: built-in English",
+    )
+    parser.add_argument(
+        "--eval",
+        type=Path,
+        default=None,
+        help="labelled data to measure every variant on against fp32: text<TAB>label TSV (classification), "
+        "CoNLL (ner), SQuAD JSON (qa)",
+    )
+    parser.add_argument("--eval-limit", type=int, default=None, help="use only the first N examples of --eval")
+    parser.add_argument(
+        "--max-accuracy-loss",
+        type=float,
+        default=0.5,
+        help="points of accuracy (entity F1, SQuAD F1) a variant may lose against fp32 on --eval data, or it is "
+        "refused (default 0.5)",
     )
     parser.add_argument("--max-length", type=int, default=None, help="longest input in tokens (default: the model's)")
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default 17)")
@@ -58,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
                     max_length=args.max_length,
                     opset=args.opset or DEFAULT_OPSET,
                     progress=progress,
+                    eval_path=args.eval,
+                    eval_limit=args.eval_limit,
+                    max_accuracy_loss=args.max_accuracy_loss,
+                    calibration=args.calibration,
                 )
             ]
     except ExportError as exc:

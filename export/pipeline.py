@@ -15,8 +15,18 @@ import onnxruntime as ort
 
 from export import __version__
 from export.architectures import OUTPUT_NAMES
+from export.calibration import CalibrationSet, calibration_feeds, calibration_set, write_int8_static
 from export.checkpoint import Checkpoint, load_checkpoint
 from export.errors import ExportError, first_line
+from export.evaluation import (
+    DEFAULT_MAX_LOSS,
+    FORMATS,
+    PRIMARY_METRIC,
+    EvalSet,
+    load_eval_set,
+    measure_variants,
+    refusal_reason,
+)
 from export.fusion import check_attention_fused, optimize
 from export.graph import DEFAULT_OPSET, export_onnx
 from export.model_config import FORMAT_VERSION
@@ -30,7 +40,14 @@ from export.validation import (
     reference_outputs,
     validate,
 )
-from export.variants import VARIANT_PROVIDERS, VARIANTS, file_name, write_fp16, write_int8
+from export.variants import (
+    DEFAULT_VARIANTS,
+    VARIANT_PROVIDERS,
+    VARIANTS,
+    file_name,
+    write_fp16,
+    write_int8_dynamic,
+)
 
 Progress = Callable[[str], None]
 
@@ -56,17 +73,25 @@ def export_checkpoint(
     name: str,
     repository: Path,
     task: str = "auto",
-    variants: str | Iterable[str] = VARIANTS,
+    variants: str | Iterable[str] = DEFAULT_VARIANTS,
     max_length: int | None = None,
     opset: int = DEFAULT_OPSET,
     demo: bool = False,
     progress: Progress = lambda _: None,
+    eval_path: Path | None = None,
+    eval_limit: int | None = None,
+    max_accuracy_loss: float = DEFAULT_MAX_LOSS,
+    calibration: Path | None = None,
 ) -> ExportResult:
     started = time.perf_counter()
     check_name(name)
     wanted = parse_variants(variants)
+    if max_accuracy_loss < 0:
+        raise ExportError(f"--max-accuracy-loss {max_accuracy_loss:g} is negative: it is the points a variant may lose")
     progress(f"loading {source}")
     checkpoint = load_checkpoint(source, task, max_length)
+    eval_set = load_eval_set(eval_path, checkpoint, eval_limit) if eval_path is not None else None
+    calibration_texts = calibration_set(checkpoint.task, calibration) if "int8" in wanted else None
     cases = build_cases(checkpoint)
     references = reference_outputs(checkpoint, cases)
     with staged_entry(repository, name) as staging:
@@ -81,10 +106,7 @@ def export_checkpoint(
         for variant in wanted:
             path = staging / file_name(variant)
             progress(f"writing and validating {variant}")
-            if variant == "fp16":
-                write_fp16(fp32, path)
-            elif variant == "int8":
-                write_int8(fp32, path)
+            extra = _write_variant(variant, staging, checkpoint, calibration_texts, progress)
             operators = contrib_operator_counts(path)
             if variant == "fp32":
                 check_attention_fused(operators, checkpoint.num_layers)
@@ -100,12 +122,81 @@ def export_checkpoint(
                 "size_bytes": path.stat().st_size,
                 "fused_operators": operators,
                 "validation": validation.to_dict(),
+                **extra,
             }
+        if "int8-dynamic" not in wanted:  # static int8 is made from it
+            (staging / file_name("int8-dynamic")).unlink(missing_ok=True)
+        refused = _measure_accuracy(staging, variant_entries, eval_set, checkpoint, max_accuracy_loss, progress)
         tokenizer_info = _save_tokenizer(checkpoint, staging)
         seconds = time.perf_counter() - started
         config = _entry_config(checkpoint, name, demo, opset, variant_entries, tokenizer_info, seconds)
+        if eval_set is not None:
+            config["evaluation"] = {
+                "data": str(eval_set.path),
+                "format": FORMATS[checkpoint.task],
+                "examples": len(eval_set),
+                "metric": PRIMARY_METRIC[checkpoint.task],
+                "budget_points": max_accuracy_loss,
+            }
+        config["refused_variants"] = refused
         write_config(staging, config)
     return ExportResult(entry=repository / name, config=config, seconds=time.perf_counter() - started)
+
+
+def _write_variant(
+    variant: str, staging: Path, checkpoint: Checkpoint, calibration: CalibrationSet | None, progress: Progress
+) -> dict[str, Any]:
+    """Write one variant from the fused fp32 graph; returns what model.json records about how it was made."""
+    fp32, dynamic = staging / file_name("fp32"), staging / file_name("int8-dynamic")
+    if variant == "fp16":
+        write_fp16(fp32, staging / file_name(variant))
+    if variant in ("int8", "int8-dynamic") and not dynamic.exists():
+        write_int8_dynamic(fp32, dynamic)
+    if variant == "int8" and calibration is not None:
+        progress(f"calibrating int8 on {len(calibration.texts)} inputs ({calibration.source})")
+        feeds = calibration_feeds(checkpoint, calibration.texts)
+        made = write_int8_static(dynamic, staging / file_name(variant), feeds)
+        return {"calibration": {"text": calibration.source, **made}}
+    return {}
+
+
+def _measure_accuracy(
+    staging: Path,
+    entries: dict[str, dict[str, Any]],
+    eval_set: EvalSet | None,
+    checkpoint: Checkpoint,
+    budget: float,
+    progress: Progress,
+) -> dict[str, dict[str, Any]]:
+    """Record each variant's accuracy on the eval data; remove (and return) those over the budget. fp32 stays."""
+    if eval_set is None:
+        for entry in entries.values():
+            entry["accuracy"] = {"measured": False, "reason": "no --eval data was given"}
+        return {}
+    sessions: dict[str, Any] = {}
+    for variant, entry in entries.items():
+        validation = entry["validation"]
+        if validation["validated"]:
+            sessions[variant] = create_session(str(staging / entry["file"]), validation["provider"])
+        else:
+            sessions[variant] = validation["reason"]
+    records = measure_variants(eval_set, sessions, checkpoint.labels, budget, progress)
+    refused = {}
+    for variant, record in records.items():
+        entries[variant]["accuracy"] = record
+        if variant != "fp32" and record["measured"] and not record["within_budget"]:
+            reason = refusal_reason(variant, record, eval_set)
+            progress(reason)
+            (staging / entries[variant]["file"]).unlink()
+            refused[variant] = {"reason": reason, "accuracy": record}
+            del entries[variant]
+    return refused
+
+
+def cpu_default(variants: dict[str, Any]) -> str:
+    """int8 (the batch-invariant one) where it was measured within the accuracy budget, else fp32."""
+    accuracy = variants.get("int8", {}).get("accuracy", {})
+    return "int8" if accuracy.get("measured") and accuracy.get("within_budget") else "fp32"
 
 
 def contrib_operator_counts(path: Path) -> dict[str, int]:
@@ -193,7 +284,7 @@ def _entry_config(
             "hidden_size": checkpoint.hidden_size,
         },
         "tokenizer": tokenizer,
-        "default_variant": {"cpu": "fp32", "cuda": "fp16" if "fp16" in variants else "fp32"},
+        "default_variant": {"cpu": cpu_default(variants), "cuda": "fp16" if "fp16" in variants else "fp32"},
         "variants": variants,
         "source": {**checkpoint.source_info, "kind": "demo", "checkpoint": f"random-weight {checkpoint.class_name}"}
         if demo

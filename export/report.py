@@ -24,8 +24,22 @@ def summary(result: ExportResult) -> str:
     ]
     for variant, entry in config["variants"].items():
         operators = ", ".join(f"{op} {n}" for op, n in entry["fused_operators"].items()) or "none"
-        lines.append(f"  {variant:<5} {_size(entry['size_bytes']):>9}  {_validation(entry['validation'])}")
-        lines.append(f"  {'':<5} {'':>9}  fused: {operators}")
+        lines.append(f"  {variant:<12} {_size(entry['size_bytes']):>9}  {_validation(entry['validation'])}")
+        lines.append(f"  {'':<12} {'':>9}  fused: {operators}")
+        accuracy = entry.get("accuracy", {})
+        if accuracy.get("measured"):
+            lines.append(f"  {'':<12} {'':>9}  {_accuracy(accuracy)}")
+        elif config.get("evaluation"):
+            lines.append(f"  {'':<12} {'':>9}  on eval data: not measured ({accuracy.get('reason')})")
+    evaluation = config.get("evaluation")
+    if evaluation:
+        lines.append(
+            f"  measured on   {evaluation['data']} ({evaluation['examples']} examples, {evaluation['format']}); "
+            f"budget {evaluation['budget_points']:g} points of {evaluation['metric']}"
+        )
+    for entry in config.get("refused_variants", {}).values():
+        lines.append(f"  {entry['reason']}")
+    lines.append(f"  cpu default   {config['default_variant']['cpu']}")
     lines.append(f"  done in {result.seconds:.1f} s")
     return "\n".join(lines)
 
@@ -38,7 +52,17 @@ def _validation(report: dict[str, Any]) -> str:
         f"{report['provider']}, {len(report['cases'])} shapes: max |diff| {report['max_abs_diff']:.2e}{tolerance}, "
         f"{report['agreement_of']} agree {100 * report['agreement']:.1f}%"
     )
+    if report.get("batch_invariance_max_abs_diff") is not None:
+        text += f"; alone vs batched max |diff| {report['batch_invariance_max_abs_diff']:.1e}"
     return text
+
+
+def _accuracy(record: dict[str, Any]) -> str:
+    scores = ", ".join(f"{name} {value:.2f}" for name, value in record["scores"].items())
+    return (
+        f"on eval data: {scores}; loss {record['loss_points']:+.2f} points, "
+        f"{record['agreement_of']} agree with fp32 {100 * record['agreement']:.2f}%"
+    )
 
 
 def _size(size: int) -> str:

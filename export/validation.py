@@ -36,6 +36,7 @@ class Validation:
     max_abs_diff: float | None = None
     agreement: float | None = None
     agreement_of: str | None = None
+    batch_invariance_max_abs_diff: float | None = None  # each batched row run alone against its row in the batch
     tolerance: float | None = None
     passed: bool | None = None
     reason: str | None = None
@@ -136,10 +137,30 @@ def validate(
         agree_total += agree
         count_total += count
         report.agreement_of = unit
+    report.batch_invariance_max_abs_diff = max(
+        (
+            batch_invariance(session, names, case, checkpoint.task != "classification")
+            for case in cases
+            if case.shape[0] > 1
+        ),
+        default=None,
+    )
     report.max_abs_diff = worst
     report.agreement = agree_total / count_total
     report.passed = worst <= tolerance if tolerance is not None else None
     return report
+
+
+def batch_invariance(session: ort.InferenceSession, names: tuple[str, ...], case: Case, per_token: bool) -> float:
+    """Largest |difference| between a row's outputs in the batch and the same row run alone, unpadded."""
+    batched = session.run(list(names), case.inputs)
+    worst = 0.0
+    for row, length in enumerate(case.inputs["attention_mask"].sum(axis=1)):
+        alone = session.run(list(names), {name: array[row : row + 1, :length] for name, array in case.inputs.items()})
+        for together, single in zip(batched, alone, strict=True):
+            mine = together[row : row + 1, :length] if per_token else together[row : row + 1]
+            worst = max(worst, float(np.max(np.abs(mine.astype(np.float64) - single.astype(np.float64)))))
+    return worst
 
 
 def max_abs_diff(task: Task, reference: dict, produced: dict, mask: np.ndarray) -> float:

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from export import __version__
+from export.model_config import ModelConfig
 from service.engine_client import Engine, LocalEngine, RemoteEngine
 from service.http_errors import install_error_handlers
 from service.inference import Inference
@@ -48,6 +49,7 @@ class ServerState:
             "labels": list(config.labels) if config and config.labels else None,
             "problem_type": config.problem_type if config else None,
             "variant": engine.get("variant"),
+            "variant_accuracy": _variant_accuracy(config, engine.get("variant")),
             "provider": engine.get("provider"),
             "note": engine.get("note"),
             "demo": bool(config and config.demo),
@@ -93,3 +95,10 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
     app.add_middleware(MetricsMiddleware, metrics=server.metrics, known_models=lambda: set(server.registry.models))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app
+
+
+def _variant_accuracy(config: ModelConfig | None, variant: str | None) -> dict[str, Any] | None:
+    """The served variant's figures measured at export on labelled data (--eval), where there are any."""
+    if config is None or variant not in config.variants:
+        return None
+    return config.variants[variant].get("accuracy")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -100,6 +100,9 @@ class ModelInfo(BaseModel):
     labels: list[str] | None = None
     problem_type: str | None = None
     variant: str | None = None
+    variant_accuracy: dict[str, Any] | None = Field(
+        None, description="the served variant's figures measured at export on labelled data (--eval), against fp32"
+    )
     provider: str | None = None
     note: str | None = None
     demo: bool = False

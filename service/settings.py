@@ -29,8 +29,10 @@ class Settings(BaseSettings):
     device: Literal["cpu", "cuda", "auto"] = Field(
         "auto", description="cuda: CUDA provider with the fp16 variant (CPU fallback if absent); auto: cuda if present"
     )
-    cpu_variant: Literal["fp32", "int8"] = Field(
-        "fp32", description="variant on the CPU provider; int8 answers may move with the batch make-up"
+    cpu_variant: Literal["auto", "fp32", "int8", "int8-dynamic"] = Field(
+        "auto",
+        description="variant on the CPU provider; auto: int8 (static, batch-invariant) where the export measured it "
+        "within its accuracy budget (--eval), else fp32; int8-dynamic answers may move with the batch make-up",
     )
     threads: int = Field(0, ge=0, le=256, description="intra-op threads per session; 0: one per core")
     engine_mode: Literal["auto", "in-process", "process"] = Field(

@@ -35,9 +35,18 @@ class Placement:
     note: str | None = None  # why it is not what was asked for, when it is not
 
 
+def cpu_variant_for(setting: str, variants: Mapping[str, Any]) -> str:
+    """'auto': int8 where the export measured it within its accuracy budget, else fp32; a named variant the
+    entry lacks (not made, or refused at export) falls back to fp32."""
+    if setting == "auto":
+        accuracy = variants.get("int8", {}).get("accuracy") or {}
+        return "int8" if accuracy.get("measured") and accuracy.get("within_budget") else "fp32"
+    return setting if setting in variants else "fp32"
+
+
 def choose_placement(settings: Settings, variants: Mapping[str, Any], available: list[str]) -> Placement:
     """CUDA with fp16 where asked for (or 'auto') and possible; otherwise the CPU with the configured variant."""
-    cpu_variant = settings.cpu_variant if settings.cpu_variant in variants else "fp32"
+    cpu_variant = cpu_variant_for(settings.cpu_variant, variants)
     if settings.device in ("cuda", "auto"):
         if CUDA in available:
             return Placement("fp16" if "fp16" in variants else "fp32", CUDA)

@@ -131,7 +131,7 @@ def test_failure_during_writing_leaves_no_trace(tiny_checkpoint, repository: Pat
     def explode(*_args, **_kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(export.pipeline, "write_int8", explode)
+    monkeypatch.setattr(export.pipeline, "write_int8_static", explode)
     before = snapshot(repository)
     code = main([str(tiny_checkpoint("roberta", "ner")), "--name", "existing", "--repository", str(repository)])
     assert code == 2

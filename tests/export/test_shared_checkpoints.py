@@ -38,6 +38,7 @@ def test_real_checkpoint_exports_fused_and_matches_pytorch(workdir: Path, cell: 
     assert fp32["fused_operators"]["Attention"] == config["encoder"]["layers"] == 6
     assert fp32["validation"]["passed"] and fp32["validation"]["max_abs_diff"] <= 1e-4
     assert config["variants"]["int8"]["validation"]["validated"]
+    assert config["variants"]["int8"]["validation"]["batch_invariance_max_abs_diff"] == 0.0  # static scales
 
     # Real sentences, tokenized from the entry's own tokenizer files, through the entry's graphs.
     entry = result.entry

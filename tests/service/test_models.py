@@ -41,6 +41,34 @@ def test_cpu_variant_falls_back_to_fp32_when_the_entry_has_no_int8() -> None:
     assert placement.variant == "fp32"
 
 
+def measured(within_budget: bool) -> dict:
+    return {
+        "accuracy": {"measured": True, "loss_points": 0.2 if within_budget else 0.9, "within_budget": within_budget}
+    }
+
+
+@pytest.mark.parametrize(
+    ("variants", "expected"),
+    [
+        ({"fp32": {}, "int8": measured(True), "int8-dynamic": measured(True)}, "int8"),
+        ({"fp32": {}, "int8": measured(False)}, "fp32"),  # an entry written with a larger budget than it meets
+        ({"fp32": {}, "int8": {"accuracy": {"measured": False, "reason": "no --eval data was given"}}}, "fp32"),
+        ({"fp32": {}, "int8": {}}, "fp32"),  # written before accuracy was measured
+        ({"fp32": {}, "int8-dynamic": measured(True)}, "fp32"),  # auto never picks the batch-dependent one
+    ],
+)
+def test_auto_cpu_variant_is_int8_only_where_measured_within_budget(variants: dict, expected: str) -> None:
+    assert Settings().cpu_variant == "auto"
+    for device in ("cpu", "auto"):
+        assert choose_placement(Settings(device=device), variants, [CPU]).variant == expected
+
+
+def test_named_cpu_variant_is_served_as_asked() -> None:
+    variants = {"fp32": {}, "int8": measured(False), "int8-dynamic": {}}
+    assert choose_placement(Settings(cpu_variant="int8-dynamic"), variants, [CPU]).variant == "int8-dynamic"
+    assert choose_placement(Settings(cpu_variant="int8"), variants, [CPU]).variant == "int8"
+
+
 def test_classification_scores_follow_the_problem_type() -> None:
     logits = np.array([2.0, 0.0, -1.0], dtype=np.float32)
     single = classification.postprocess(logits, ["a", "b", "c"], "single_label_classification", None)
@@ -112,3 +140,30 @@ def test_cuda_that_cannot_start_falls_back_to_the_cpu_variant_and_says_so(tiny_r
     assert model.placement.note.startswith("CUDAExecutionProvider could not start")
     rows = [runtime.Row(np.array([2, 7, 9, 3], dtype=np.int64), np.zeros(4, dtype=np.int64))]
     assert model.run(rows)[0]["start_logits"].shape == (4,)
+
+
+def test_auto_serves_int8_measured_within_budget_and_lists_its_figures(
+    tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory, server_factory
+) -> None:
+    from export.pipeline import export_checkpoint
+    from tests.tiny_models import CORPUS
+
+    repository = tmp_path_factory.mktemp("measured-repository")
+    data = repository.parent / "dev.tsv"
+    data.write_text("".join(f"{text}\t{i % 3}\n" for i, text in enumerate(CORPUS)))
+    source = str(tiny_checkpoint("bert", "classification"))
+    export_checkpoint(source, "measured", repository, variants="fp32,int8", eval_path=data, max_accuracy_loss=100)
+    export_checkpoint(source, "unmeasured", repository, variants="fp32,int8")
+    server = server_factory(repository)  # the default --cpu-variant is auto
+    with server.client() as client:
+        models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
+        single = client.post("/v1/models/measured/classify", json={"inputs": [CORPUS[0]]}).json()
+        batched = client.post("/v1/models/measured/classify", json={"inputs": CORPUS[:6]}).json()
+    measured = models["measured"]
+    assert (measured["variant"], measured["provider"]) == ("int8", CPU)
+    record = measured["variant_accuracy"]
+    assert record["measured"] and record["within_budget"] and record["metric"] == "accuracy"
+    assert set(record) >= {"scores", "loss_points", "agreement", "budget_points"}
+    assert models["unmeasured"]["variant"] == "fp32"
+    assert models["unmeasured"]["variant_accuracy"] == {"measured": False, "reason": "no --eval data was given"}
+    assert single["results"][0] == batched["results"][0]  # static int8: the same scores alone and in a batch

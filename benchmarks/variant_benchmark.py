@@ -1,0 +1,192 @@
+"""fp32 vs static int8 vs dynamic int8 on the twelve real architecture x task cells, in one run.
+
+Per cell: the export with `--eval` on the shared data (SST-2 dev accuracy, CoNLL-2003 test entity F1, SQuAD
+v1.1 EM/F1, each with agreement with fp32), batch invariance (the largest |difference| of any output between
+an input run alone and the same input in data-order batches of 16 with real neighbours), served CPU
+throughput (`python -m service --cpu-variant V`, requests of 16 inputs, 4 for QA, through HTTP at
+saturation; the three servers run side by side and the loads alternate, best of two rounds kept, so that
+other work on shared cores hits each alike), and the variant `--cpu-variant auto` picks under the default
+0.5-point budget.
+
+    python -m benchmarks.variant_benchmark [--conll-limit 1000] [--squad-limit 500] [--seconds 6] [--cells bert-sst2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from transformers import AutoTokenizer
+
+from benchmarks.loadclient import run_load
+from benchmarks.realdata import CELLS, SHARED, Cell, checkpoint_for, encoded_batches, shared_available, texts_for
+from benchmarks.reports import write_report
+from benchmarks.serving import start_service
+from export.cli import quiet_libraries
+from export.evaluation import DEFAULT_MAX_LOSS
+from export.pipeline import export_checkpoint
+
+VARIANTS = ("fp32", "int8", "int8-dynamic")
+EVAL_FILES = {
+    "sst2": "data/sst2/dev.tsv",
+    "conll03": "data/conll2003/test.txt",
+    "squad": "data/squad/dev-v1.1-eval-half.json",
+}
+ENDPOINTS = {"classification": "classify", "ner": "ner", "qa": "qa"}
+
+
+def cpu_flags() -> str:
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    vnni = "avx512_vnni" in flags or "avx_vnni" in flags
+    kind = (
+        "AVX-512 VNNI"
+        if "avx512_vnni" in flags
+        else ("AVX-VNNI" if vnni else ("AVX2 only" if "avx2" in flags else "no AVX2"))
+    )
+    return f"{model}, {os.cpu_count()} cores, {kind}"
+
+
+def batch_invariance(entry: Path, config: dict, task: str, rows: int = 64) -> dict[str, float]:
+    """Per variant, max |output alone - output in a data-order batch of 16|, over real tokens."""
+    tokenizer = AutoTokenizer.from_pretrained(str(entry))
+    texts = texts_for(task, rows)
+    batched = encoded_batches(tokenizer, task, texts, config["inputs"], 16)
+    alone = encoded_batches(tokenizer, task, texts, config["inputs"], 1)
+    per_token = task != "classification"
+    result = {}
+    for variant in VARIANTS:
+        if variant not in config["variants"]:
+            continue
+        session = ort.InferenceSession(
+            str(entry / config["variants"][variant]["file"]), providers=["CPUExecutionProvider"]
+        )
+        together = [session.run(config["outputs"], feed) for feed in batched]
+        worst = 0.0
+        for index, feed in enumerate(alone):
+            single = session.run(config["outputs"], feed)
+            length = feed["input_ids"].shape[1]
+            for mine, theirs in zip(single, together[index // 16], strict=True):
+                row = theirs[index % 16 : index % 16 + 1]
+                row = row[:, :length] if per_token else row
+                worst = max(worst, float(np.abs(mine - row).max()))
+        result[variant] = worst
+    return result
+
+
+def served_throughput(repository: Path, cell: Cell, seconds: float, rounds: int = 2) -> dict[str, dict]:
+    """One server per variant, all up at once; loads alternate between them, best round kept (shared cores)."""
+    texts = texts_for(cell.task, 400)
+    size = 4 if cell.task == "qa" else 16
+    inputs = [{"question": q, "context": c} for q, c in texts] if cell.task == "qa" else [t for t, _ in texts]
+    bodies = [{"inputs": inputs[i : i + size]} for i in range(0, len(inputs) - size + 1, size)]
+    path = f"/v1/models/{cell.name}/{ENDPOINTS[cell.task]}"
+    servers = {}
+    try:
+        for variant in VARIANTS:
+            servers[variant] = start_service(
+                repository, "--log-level", "warning", "--device", "cpu", "--cpu-variant", variant, "--models", cell.name
+            )
+            info = servers[variant].client().get(f"/v1/models/{cell.name}").json()
+            assert info["variant"] == variant, info
+            run_load(servers[variant].url, path, bodies, [size] * len(bodies), 4, 2.0)  # warm-up
+        best: dict[str, dict] = {}
+        for _ in range(rounds):
+            for variant, server in servers.items():
+                load = run_load(server.url, path, bodies, [size] * len(bodies), 4, seconds).summary()
+                if variant not in best or load["sequences_per_s"] > best[variant]["sequences_per_s"]:
+                    best[variant] = {"inputs_per_request": size, **load}
+    finally:
+        for server in servers.values():
+            server.stop()
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertserve-variants"))
+    parser.add_argument("--sst2-limit", type=int, default=None, help="SST-2 dev sentences (872 in all)")
+    parser.add_argument("--conll-limit", type=int, default=1000, help="CoNLL-2003 test sentences (3,453 in all)")
+    parser.add_argument("--squad-limit", type=int, default=500, help="SQuAD questions (5,609 in all)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="load per served variant and round")
+    parser.add_argument("--cells", default="", help="comma-separated ARCH-DATASET (default: all twelve)")
+    args = parser.parse_args()
+    if not shared_available():
+        raise SystemExit("../shared is absent: the real checkpoints and data are needed")
+    quiet_libraries()
+    limits = {"sst2": args.sst2_limit, "conll03": args.conll_limit, "squad": args.squad_limit}
+    wanted = set(filter(None, args.cells.split(",")))
+    cpu = cpu_flags()
+    print(f"CPU: {cpu}", flush=True)
+    report: dict = {"cpu": cpu, "limits": limits, "budget_points": DEFAULT_MAX_LOSS, "cells": {}}
+    repository = args.workdir / "models"
+    for cell in CELLS:
+        if wanted and f"{cell.arch}-{cell.dataset}" not in wanted:
+            continue
+        started = time.perf_counter()
+        checkpoint = checkpoint_for(cell, args.workdir / "checkpoints")
+        result = export_checkpoint(
+            str(checkpoint),
+            cell.name,
+            repository,
+            variants=",".join(VARIANTS),
+            eval_path=SHARED / EVAL_FILES[cell.dataset],
+            eval_limit=limits[cell.dataset],
+            max_accuracy_loss=100.0,  # keep every variant to measure it; auto's choice is judged below at 0.5
+        )
+        config = result.config
+        accuracy = {v: config["variants"][v]["accuracy"] for v in VARIANTS}
+        int8 = accuracy["int8"]
+        row = {
+            "accuracy": accuracy,
+            "batch_invariance": batch_invariance(result.entry, config, cell.task),
+            "served": served_throughput(repository, cell, args.seconds),
+            "auto_picks": "int8" if int8["loss_points"] <= DEFAULT_MAX_LOSS else "fp32",
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        report["cells"][cell.name] = row
+        print(f"{cell.name}: {json.dumps(row)}", flush=True)
+    print_table(report)
+    write_report("variant_benchmark", report)
+
+
+def print_table(report: dict) -> None:
+    print(f"\nCPU: {report['cpu']}; eval limits {report['limits']}")
+    print(
+        "\n| cell | metric | fp32 | int8 (static) | int8-dynamic | agreement int8 / dyn | alone vs batched int8 / dyn "
+        "| served seq/s fp32 / int8 / dyn | int8 / fp32 | auto |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, row in report["cells"].items():
+        acc, inv, served = row["accuracy"], row["batch_invariance"], row["served"]
+        metric = acc["fp32"]["metric"]
+        scores = " | ".join(_scores(acc[v]) for v in VARIANTS)
+        rates = [served[v]["sequences_per_s"] for v in VARIANTS]
+        print(
+            f"| {name} | {metric} | {scores} | {100 * acc['int8']['agreement']:.2f}% / "
+            f"{100 * acc['int8-dynamic']['agreement']:.2f}% | {inv['int8']:.1e} / {inv['int8-dynamic']:.1e} | "
+            f"{rates[0]} / {rates[1]} / {rates[2]} | {rates[1] / rates[0]:.2f}x | {row['auto_picks']} |"
+        )
+
+
+def _scores(record: dict) -> str:
+    return "/".join(f"{value:.2f}" for key, value in record["scores"].items() if key != "precision" and key != "recall")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""Accuracy of each variant on the user's labelled data (`--eval FILE`), against fp32, with a loss budget.
+
+Formats, one per task:
+- classification: a TSV, `text<TAB>label` or `text<TAB>text_pair<TAB>label`; the label is a label name of the
+  model or its index; a first line whose label is neither is a header and is skipped. Metric: accuracy.
+- ner: CoNLL: one `word ... TAG` line per word (first column the word, last the IOB tag), a blank line between
+  sentences, `-DOCSTART-` lines ignored. Metric: entity F1 (conlleval's exact span and type match), each word
+  tagged by its first sub-token.
+- qa: SQuAD v1.1 JSON (data / paragraphs / context / qas / question / answers). Metrics: exact match and F1
+  (the official normalisation, best over the gold answers); the context is cut to the model's window (at most
+  384 tokens), and the answer is the best span of at most 30 tokens. The budget applies to F1.
+Scores are in points (percent). Inputs run in batches of 16 rows of like length, as the server batches them.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import json
+import re
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from export.checkpoint import Checkpoint
+from export.errors import ExportError, first_line
+
+PRIMARY_METRIC = {"classification": "accuracy", "ner": "f1", "qa": "f1"}
+FORMATS = {"classification": "text/label TSV", "ner": "CoNLL", "qa": "SQuAD JSON"}
+AGREEMENT_OF = {"classification": "labels", "ner": "word tags", "qa": "answer spans"}
+DEFAULT_MAX_LOSS = 0.5
+BATCH_ROWS = 16
+QA_MAX_TOKENS = 384
+QA_MAX_ANSWER_TOKENS = 30
+
+
+@dataclass
+class EvalSet:
+    """Labelled examples, encoded once for every variant."""
+
+    task: str
+    path: Path
+    golds: list[Any]  # label index / word tags / gold answer texts
+    feeds: list[dict[str, np.ndarray]]  # the model's inputs, BATCH_ROWS rows each
+    order: list[list[int]]  # the example index of each row of each feed
+    extras: list[Any] = field(default_factory=list)  # per example: word spans, or (context, offsets, context mask)
+
+    def __len__(self) -> int:
+        return len(self.golds)
+
+
+def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) -> EvalSet:
+    """Read and encode the evaluation data; every problem is an ExportError that names the file (and line)."""
+    if not path.is_file():
+        raise ExportError(f"--eval {path}: no such file")
+    if checkpoint.task == "classification" and checkpoint.problem_type == "multi_label_classification":
+        raise ExportError("--eval supports single-label classification only (this model is multi-label)")
+    try:
+        reader = {"classification": _read_tsv, "ner": _read_conll, "qa": _read_squad}[checkpoint.task]
+        examples = reader(path, checkpoint)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"--eval {path}: cannot read it as {FORMATS[checkpoint.task]}: {first_line(exc)}") from exc
+    examples = examples[:limit] if limit else examples
+    if not examples:
+        raise ExportError(f"--eval {path} has no examples ({FORMATS[checkpoint.task]} expected)")
+    return _encode(path, checkpoint, examples)
+
+
+def _read_tsv(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str | None, int]]:
+    labels = checkpoint.labels or []
+    examples = []
+    with path.open(encoding="utf-8", newline="") as stream:
+        for number, row in enumerate(csv.reader(stream, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) not in (2, 3):
+                raise ExportError(f"--eval {path} line {number}: expected text<TAB>label (or text<TAB>pair<TAB>label)")
+            label = _label_index(row[-1].strip(), labels)
+            if label is None:
+                if number == 1:
+                    continue  # a header
+                raise ExportError(f"--eval {path} line {number}: label {row[-1]!r} is not one of {labels} or 0..N-1")
+            examples.append((row[0].strip(), row[1].strip() if len(row) == 3 else None, label))
+    return examples
+
+
+def _label_index(text: str, labels: list[str]) -> int | None:
+    if text in labels:
+        return labels.index(text)
+    if text.isdigit() and int(text) < len(labels):
+        return int(text)
+    return None
+
+
+def _read_conll(path: Path, checkpoint: Checkpoint) -> list[tuple[list[str], list[str]]]:
+    sentences: list[tuple[list[str], list[str]]] = []
+    words: list[str] = []
+    tags: list[str] = []
+    for number, line in enumerate([*path.read_text(encoding="utf-8").splitlines(), ""], 1):
+        parts = line.split()
+        if parts and parts[0] == "-DOCSTART-":
+            continue
+        if not parts:
+            if words:
+                sentences.append((words, tags))
+            words, tags = [], []
+            continue
+        if len(parts) < 2:
+            raise ExportError(f"--eval {path} line {number}: expected `word TAG` (CoNLL), got {line!r}")
+        words.append(parts[0])
+        tags.append(parts[-1])
+    return sentences
+
+
+def _read_squad(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str, list[str]]]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return [
+            (qa["question"], paragraph["context"], [answer["text"] for answer in qa["answers"]])
+            for article in data["data"]
+            for paragraph in article["paragraphs"]
+            for qa in paragraph["qas"]
+            if qa.get("answers")
+        ]
+    except (KeyError, TypeError) as exc:
+        raise ExportError(
+            f"--eval {path}: not SQuAD JSON (data/paragraphs/context/qas/answers): missing {exc}"
+        ) from exc
+
+
+def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:
+    tokenizer, task = checkpoint.tokenizer, checkpoint.task
+    rows, golds, extras = [], [], []
+    for example in examples:
+        if task == "classification":
+            text, pair, label = example
+            encoded = tokenizer(text, pair, truncation=True, max_length=checkpoint.max_length)
+            golds.append(label)
+            extras.append(None)
+        elif task == "ner":
+            words, tags = example
+            text, spans, position = " ".join(words), [], 0
+            for word in words:
+                spans.append((position, position + len(word)))
+                position += len(word) + 1
+            encoded = tokenizer(text, truncation=True, max_length=checkpoint.max_length, return_offsets_mapping=True)
+            golds.append(tags)
+            extras.append(_first_token_of_words(spans, encoded["offset_mapping"]))
+        else:
+            question, context, answers = example
+            encoded = tokenizer(
+                question,
+                context,
+                truncation="only_second",
+                max_length=min(QA_MAX_TOKENS, checkpoint.max_length),
+                return_offsets_mapping=True,
+            )
+            in_context = np.array([sid == 1 for sid in encoded.sequence_ids()])
+            golds.append(answers)
+            extras.append((context, encoded["offset_mapping"], in_context))
+        rows.append(encoded)
+    by_length = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
+    order = [by_length[i : i + BATCH_ROWS] for i in range(0, len(by_length), BATCH_ROWS)]
+    feeds = [_pad([rows[i] for i in chunk], checkpoint) for chunk in order]
+    return EvalSet(task, path, golds, feeds, order, extras)
+
+
+def _first_token_of_words(spans: list[tuple[int, int]], offsets: list[tuple[int, int]]) -> list[int | None]:
+    """Per word, the first token that covers part of it (None where truncation cut the word off)."""
+    firsts: list[int | None] = []
+    token = 0
+    for start, end in spans:
+        while token < len(offsets) and (offsets[token][1] <= start or offsets[token][0] == offsets[token][1]):
+            token += 1
+        firsts.append(token if token < len(offsets) and offsets[token][0] < end else None)
+    return firsts
+
+
+def _pad(rows: list, checkpoint: Checkpoint) -> dict[str, np.ndarray]:
+    width = max(len(row["input_ids"]) for row in rows)
+    pad_id = checkpoint.tokenizer.pad_token_id or 0
+    feed = {
+        "input_ids": np.full((len(rows), width), pad_id, dtype=np.int64),
+        "attention_mask": np.zeros((len(rows), width), dtype=np.int64),
+        "token_type_ids": np.zeros((len(rows), width), dtype=np.int64),
+    }
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        feed["input_ids"][i, :n] = row["input_ids"]
+        feed["attention_mask"][i, :n] = 1
+        if "token_type_ids" in row:
+            feed["token_type_ids"][i, :n] = row["token_type_ids"]
+    return {name: feed[name] for name in checkpoint.input_names}
+
+
+def predict(session: ort.InferenceSession, data: EvalSet, labels: list[str] | None) -> list[Any]:
+    """Each example's answer: a label index, a tag per word, or an answer span (start, end) in characters."""
+    answers: list[Any] = [None] * len(data)
+    names = ["logits"] if data.task != "qa" else ["start_logits", "end_logits"]
+    for feed, chunk in zip(data.feeds, data.order, strict=True):
+        outputs = session.run(names, feed)
+        for row, index in enumerate(chunk):
+            if data.task == "classification":
+                answers[index] = int(outputs[0][row].argmax())
+            elif data.task == "ner":
+                tags = outputs[0][row].argmax(-1)
+                answers[index] = [labels[tags[t]] if t is not None else "O" for t in data.extras[index]]
+            else:
+                answers[index] = _best_span(outputs[0][row], outputs[1][row], *data.extras[index][1:])
+    return answers
+
+
+def _best_span(start: np.ndarray, end: np.ndarray, offsets: list, in_context: np.ndarray) -> tuple[int, int]:
+    n = len(in_context)
+    start = np.where(in_context, start[:n], -np.inf)
+    end = np.where(in_context, end[:n], -np.inf)
+    gap = np.arange(n)[None, :] - np.arange(n)[:, None]
+    scores = np.where((gap >= 0) & (gap < QA_MAX_ANSWER_TOKENS), start[:, None] + end[None, :], -np.inf)
+    first, last = divmod(int(scores.argmax()), n)
+    return offsets[first][0], offsets[last][1]
+
+
+def score(data: EvalSet, answers: list[Any]) -> dict[str, float]:
+    """The task's metrics, in points."""
+    if data.task == "classification":
+        return {"accuracy": round(100 * float(np.mean([a == g for a, g in zip(answers, data.golds, strict=True)])), 2)}
+    if data.task == "ner":
+        found = gold = hit = 0
+        for predicted, expected in zip(answers, data.golds, strict=True):
+            p, e = entity_spans(predicted), entity_spans(expected)
+            found, gold, hit = found + len(p), gold + len(e), hit + len(p & e)
+        precision, recall = hit / max(found, 1), hit / max(gold, 1)
+        f1 = 2 * precision * recall / (precision + recall) if hit else 0.0
+        return {"f1": round(100 * f1, 2), "precision": round(100 * precision, 2), "recall": round(100 * recall, 2)}
+    texts = [extra[0][start:end] for extra, (start, end) in zip(data.extras, answers, strict=True)]
+    pairs = list(zip(texts, data.golds, strict=True))
+    exact = [max(normalize_answer(t) == normalize_answer(g) for g in golds) for t, golds in pairs]
+    f1 = [max(answer_f1(t, g) for g in golds) for t, golds in pairs]
+    return {"exact_match": round(100 * float(np.mean(exact)), 2), "f1": round(100 * float(np.mean(f1)), 2)}
+
+
+def agreement(task: str, answers: list[Any], reference: list[Any]) -> float:
+    """Share of labels / word tags / answer spans equal to the reference's."""
+    if task == "ner":
+        pairs = [(a, r) for words, ref in zip(answers, reference, strict=True) for a, r in zip(words, ref, strict=True)]
+    else:
+        pairs = list(zip(answers, reference, strict=True))
+    return round(sum(a == r for a, r in pairs) / max(len(pairs), 1), 4)
+
+
+def entity_spans(tags: list[str]) -> set[tuple[int, int, str]]:
+    """IOB tags -> (first word, last word, type) spans, as conlleval counts them."""
+    spans, start, kind = set(), None, None
+    for i, tag in enumerate([*tags, "O"]):
+        prefix, _, label = tag.partition("-")
+        if start is not None and (prefix != "I" or label != kind):
+            spans.add((start, i - 1, kind))
+            start = kind = None
+        if prefix == "B" or (prefix == "I" and start is None):
+            start, kind = i, label
+    return spans
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def answer_f1(prediction: str, gold: str) -> float:
+    predicted, expected = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    same = sum((collections.Counter(predicted) & collections.Counter(expected)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(predicted), same / len(expected)
+    return 2 * precision * recall / (precision + recall)
+
+
+def judge(task: str, scores: dict[str, float], reference: dict[str, float], agreed: float, budget: float) -> dict:
+    """One variant's record: its scores, its loss against fp32 on the primary metric, and whether it is in budget."""
+    metric = PRIMARY_METRIC[task]
+    loss = round(reference[metric] - scores[metric], 2)
+    return {
+        "measured": True,
+        "metric": metric,
+        "scores": scores,
+        "loss_points": loss,
+        "agreement": agreed,
+        "agreement_of": AGREEMENT_OF[task],
+        "budget_points": budget,
+        "within_budget": loss <= budget,
+    }
+
+
+def refusal_reason(variant: str, record: dict, data: EvalSet) -> str:
+    metric = record["metric"]
+    return (
+        f"{variant} refused: {metric} {record['scores'][metric]:.2f} against fp32's "
+        f"{record['scores'][metric] + record['loss_points']:.2f} on {data.path.name} ({len(data)} examples) loses "
+        f"{record['loss_points']:.2f} points, over the budget of {record['budget_points']:g}"
+    )
+
+
+def measure_variants(
+    data: EvalSet,
+    sessions: dict[str, ort.InferenceSession | str],
+    labels: list[str] | None,
+    budget: float,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, dict]:
+    """Per variant, its record; a str in place of a session is why that variant could not be measured."""
+    progress(f"measuring fp32 on {data.path.name} ({len(data)} examples)")
+    reference = predict(sessions["fp32"], data, labels)  # type: ignore[arg-type]
+    reference_scores = score(data, reference)
+    records = {"fp32": judge(data.task, reference_scores, reference_scores, 1.0, budget)}
+    for variant, session in sessions.items():
+        if variant == "fp32":
+            continue
+        if isinstance(session, str):
+            records[variant] = {"measured": False, "reason": session}
+            continue
+        progress(f"measuring {variant} on {data.path.name}")
+        answers = predict(session, data, labels)
+        records[variant] = judge(
+            data.task, score(data, answers), reference_scores, agreement(data.task, answers, reference), budget
+        )
+    return records

@@ -1,0 +1,156 @@
+"""Static int8: activation scales fixed from calibration text, so a row's output does not depend on its batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from export.calibration import calibration_set, uint8_scale
+from export.calibration_text import builtin_texts
+from export.errors import ExportError
+from export.pipeline import export_checkpoint
+from export.repository import read_config
+from tests.export.test_pipeline import FRESH_TEXTS
+
+CELLS = [("bert", "classification"), ("roberta", "ner"), ("albert", "qa"), ("distilbert", "qa")]
+
+
+@pytest.fixture(scope="module")
+def int8_entries(tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    repository = tmp_path_factory.mktemp("int8-repository")
+    return {
+        (arch, task): export_checkpoint(
+            str(tiny_checkpoint(arch, task)), f"{arch}-{task}", repository, variants="fp32,int8,int8-dynamic"
+        ).entry
+        for arch, task in CELLS
+    }
+
+
+def encode(entry: Path, config: dict, texts: list[tuple[str, str]]) -> list[dict[str, np.ndarray]]:
+    """Each text alone, unpadded, with the exported tokenizer (QA: question and context; else the sentence)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(entry))
+    rows = []
+    for sentence, question in texts:
+        encoded = tokenizer(question, sentence) if config["task"] == "qa" else tokenizer(sentence)
+        ids = np.array([encoded["input_ids"]], dtype=np.int64)
+        row = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        rows.append({name: row[name] for name in config["inputs"]})
+    return rows
+
+
+def batch(rows: list[dict[str, np.ndarray]], pad_id: int) -> dict[str, np.ndarray]:
+    width = max(row["input_ids"].shape[1] for row in rows)
+    out = {}
+    for name in rows[0]:
+        fill = pad_id if name == "input_ids" else 0
+        out[name] = np.concatenate(
+            [np.pad(row[name], ((0, 0), (0, width - row[name].shape[1])), constant_values=fill) for row in rows]
+        )
+    return out
+
+
+@pytest.mark.parametrize(("arch", "task"), CELLS)
+def test_static_int8_gives_identical_outputs_alone_and_in_any_batch(int8_entries, arch: str, task: str) -> None:
+    entry = int8_entries[(arch, task)]
+    config = read_config(entry)
+    session = ort.InferenceSession(str(entry / config["variants"]["int8"]["file"]), providers=["CPUExecutionProvider"])
+    texts = [*FRESH_TEXTS, ("The film was long.", "How long?"), ("Lisbon, Berlin and Oslo.", "Which cities?")]
+    rows = encode(entry, config, texts)
+    alone = [session.run(config["outputs"], row) for row in rows]
+    pad_id = int(config["tokenizer"]["pad_token_id"] or 0)
+    makeups = [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [1, 2], [1, 1, 1], [3, 0], [2, 4, 1]]
+    for makeup in makeups:
+        outputs = session.run(config["outputs"], batch([rows[i] for i in makeup], pad_id))
+        for position, index in enumerate(makeup):
+            length = rows[index]["input_ids"].shape[1]
+            for single, together in zip(alone[index], outputs, strict=True):
+                mine = together[position : position + 1]
+                mine = mine[:, :length] if task != "classification" else mine
+                assert np.array_equal(single, mine), f"row {index} in batch {makeup} differs from the row alone"
+    assert config["variants"]["int8"]["validation"]["batch_invariance_max_abs_diff"] == 0.0
+
+
+def test_dynamic_int8_is_the_one_that_moves_with_its_batch(int8_entries) -> None:
+    """The reason for static int8: with per-batch scales a row's logits change with its neighbours."""
+    config = read_config(int8_entries[("roberta", "ner")])
+    assert config["variants"]["int8-dynamic"]["validation"]["batch_invariance_max_abs_diff"] > 0.0
+
+
+@pytest.mark.parametrize(("arch", "task"), CELLS)
+def test_static_int8_graph_has_fixed_scales_and_integer_operators(int8_entries, arch: str, task: str) -> None:
+    entry = int8_entries[(arch, task)]
+    config = read_config(entry)
+    int8 = config["variants"]["int8"]
+    graph = onnx.load(str(entry / int8["file"])).graph
+    op_types = {node.op_type for node in graph.node}
+    assert "DynamicQuantizeLinear" not in op_types
+    assert {"QuantizeLinear", "MatMulIntegerToFloat"} <= op_types and "MatMulInteger" not in op_types
+    assert int8["fused_operators"]["QAttention"] == config["encoder"]["layers"]
+    assert int8["calibration"]["text"] == "built-in" and int8["calibration"]["fused_matmuls"] > 0
+    assert int8["calibration"]["activations"] == sum(node.op_type == "QuantizeLinear" for node in graph.node)
+    assert int8["size_bytes"] < config["variants"]["fp32"]["size_bytes"]
+    assert int8["validation"]["agreement"] >= (0.5 if task == "qa" else 0.9)
+    assert (entry / "model.int8-dynamic.onnx").is_file()
+    float_matmuls = [node.name for node in graph.node if node.op_type == "MatMul"]
+    if arch == "albert":  # the embedding projection feeds the residual stream: kept in fp32
+        assert len(float_matmuls) == 1 and "embedding_hidden_mapping_in" in float_matmuls[0]
+    else:
+        assert float_matmuls == []
+
+
+def test_user_calibration_text_is_used_and_recorded(tiny_checkpoint, tmp_path: Path) -> None:
+    text = tmp_path / "calibration.txt"
+    text.write_text("Peter met Maria in Berlin.\n\nThe river flows through the old town.\n", encoding="utf-8")
+    result = export_checkpoint(
+        str(tiny_checkpoint("bert", "ner")), "m", tmp_path / "models", variants="fp32,int8", calibration=text
+    )
+    calibration = result.config["variants"]["int8"]["calibration"]
+    assert calibration["text"] == str(text) and calibration["inputs"] == 2
+    assert not (result.entry / "model.int8-dynamic.onnx").exists()  # the intermediate graph is not left behind
+
+
+@pytest.mark.parametrize(
+    ("task", "content", "message"),
+    [
+        ("classification", "", "has no text"),
+        ("ner", "\n\n", "has no text"),
+        ("qa", "Who met in Berlin?\n", "line 1: question-answering calibration lines are `question<TAB>context`"),
+    ],
+)
+def test_calibration_that_cannot_be_done_is_a_clear_error(tmp_path: Path, task: str, content: str, message: str):
+    path = tmp_path / "calibration.txt"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ExportError, match=message.replace("?", r"\?")):
+        calibration_set(task, path)
+    with pytest.raises(ExportError, match="cannot read the calibration text"):
+        calibration_set(task, tmp_path / "absent.txt")
+
+
+def test_calibration_error_stops_the_export_before_anything_is_written(tiny_checkpoint, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(ExportError, match="has no text"):
+        export_checkpoint(str(tiny_checkpoint("bert", "qa")), "m", tmp_path / "models", calibration=empty)
+    assert not (tmp_path / "models").exists()
+
+
+def test_builtin_text_covers_every_task() -> None:
+    for task in ("classification", "ner"):
+        texts = builtin_texts(task)
+        assert len(texts) >= 60 and all(second is None for _, second in texts)
+    qa = builtin_texts("qa")
+    assert len(qa) >= 40 and all(second for _, second in qa)
+
+
+def test_uint8_scale_covers_the_range_and_zero() -> None:
+    scale, zero_point = uint8_scale(-1.0, 3.0)
+    assert scale == pytest.approx(4 / 255) and zero_point == round(1 / scale)
+    scale, zero_point = uint8_scale(0.5, 2.0)  # widened to include 0: zero maps exactly to 0
+    assert scale == pytest.approx(2 / 255) and zero_point == 0
+    assert uint8_scale(0.0, 0.0) == (1.0, 0)

@@ -1,0 +1,219 @@
+"""`--eval FILE`: every variant measured against fp32 on labelled data, recorded, and refused over the budget."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from export.checkpoint import load_checkpoint
+from export.errors import ExportError
+from export.evaluation import (
+    _first_token_of_words,
+    entity_spans,
+    judge,
+    load_eval_set,
+    normalize_answer,
+    predict,
+    refusal_reason,
+)
+from export.pipeline import export_checkpoint
+from export.validation import create_session
+from tests.tiny_models import CORPUS
+
+ROOT = Path(__file__).resolve().parents[2]
+LABELS = ["negative", "neutral", "positive"]
+NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]  # tests/tiny_models.py
+
+
+def write_tsv(path: Path, rows: list[tuple[str, str]], header: bool = True) -> Path:
+    path.write_text(("sentence\tlabel\n" if header else "") + "".join(f"{t}\t{label}\n" for t, label in rows))
+    return path
+
+
+def test_classification_eval_measures_every_variant_and_records_it(tiny_checkpoint, tmp_path: Path) -> None:
+    checkpoint = tiny_checkpoint("bert", "classification")
+    # Labels by name and by index; a header line.
+    rows = [(text, LABELS[i % 3] if i % 2 else str(i % 3)) for i, text in enumerate(CORPUS)]
+    data = write_tsv(tmp_path / "dev.tsv", rows)
+    result = export_checkpoint(
+        str(checkpoint), "m", tmp_path / "models", variants="fp32,fp16,int8", eval_path=data, max_accuracy_loss=100
+    )
+    config = result.config
+    assert config["evaluation"]["examples"] == len(CORPUS) and config["evaluation"]["metric"] == "accuracy"
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    model = AutoModelForSequenceClassification.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    with torch.no_grad():
+        predicted = [int(model(**tokenizer(text, return_tensors="pt")).logits.argmax()) for text in CORPUS]
+    expected = 100 * sum(p == i % 3 for i, p in enumerate(predicted)) / len(CORPUS)
+
+    fp32 = config["variants"]["fp32"]["accuracy"]
+    assert fp32["measured"] and fp32["scores"]["accuracy"] == pytest.approx(expected, abs=0.01)
+    assert fp32["loss_points"] == 0 and fp32["agreement"] == 1.0 and fp32["within_budget"]
+    int8 = config["variants"]["int8"]["accuracy"]
+    assert int8["measured"] and int8["agreement_of"] == "labels" and int8["budget_points"] == 100
+    assert int8["loss_points"] == pytest.approx(fp32["scores"]["accuracy"] - int8["scores"]["accuracy"], abs=0.01)
+    assert config["default_variant"]["cpu"] == "int8"
+    fp16 = config["variants"]["fp16"]["accuracy"]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert fp16["measured"]
+    else:
+        assert not fp16["measured"] and "CUDAExecutionProvider is not available" in fp16["reason"]
+
+
+def test_without_eval_nothing_is_measured_and_the_cpu_default_stays_fp32(tiny_checkpoint, tmp_path: Path) -> None:
+    config = export_checkpoint(
+        str(tiny_checkpoint("bert", "classification")), "m", tmp_path, variants="fp32,int8"
+    ).config
+    assert config["variants"]["int8"]["accuracy"] == {"measured": False, "reason": "no --eval data was given"}
+    assert config["default_variant"]["cpu"] == "fp32" and config["refused_variants"] == {}
+
+
+def conll_of(sentences: list[list[str]], tags: list[list[str]]) -> str:
+    blocks = [
+        "\n".join(f"{w} NNP B-NP {t}" for w, t in zip(ws, ts, strict=True))
+        for ws, ts in zip(sentences, tags, strict=True)
+    ]
+    return "-DOCSTART- -X- -X- O\n\n" + "\n\n".join(blocks) + "\n"
+
+
+def test_variant_over_the_budget_is_refused_with_a_one_line_reason(tiny_checkpoint, tmp_path: Path) -> None:
+    """Gold tags = fp32's own answers (fp32 F1 100); int8 calibrated on a single word saturates and loses some."""
+    source = str(tiny_checkpoint("bert", "ner"))
+    sentences = [text.split() for text in CORPUS]
+    data = tmp_path / "test.conll"
+    data.write_text(conll_of(sentences, [["O"] * len(words) for words in sentences]))
+    checkpoint = load_checkpoint(source)
+    fp32 = export_checkpoint(source, "fp32-only", tmp_path / "scratch", variants="fp32").entry / "model.fp32.onnx"
+    answers = predict(create_session(str(fp32), "CPUExecutionProvider"), load_eval_set(data, checkpoint), NER_LABELS)
+    data.write_text(conll_of(sentences, answers))
+    narrow = tmp_path / "narrow.txt"
+    narrow.write_text("a\n")
+    result = export_checkpoint(
+        source, "m", tmp_path / "models", variants="fp32,int8", eval_path=data, max_accuracy_loss=0, calibration=narrow
+    )
+    config = result.config
+    assert config["variants"]["fp32"]["accuracy"]["scores"]["f1"] == 100.0
+    assert list(config["variants"]) == ["fp32"] and not (result.entry / "model.int8.onnx").exists()
+    refused = config["refused_variants"]["int8"]
+    assert refused["accuracy"]["loss_points"] > 0 and not refused["accuracy"]["within_budget"]
+    assert refused["reason"].startswith("int8 refused: f1 ") and "\n" not in refused["reason"]
+    assert "over the budget of 0" in refused["reason"]
+    assert config["default_variant"]["cpu"] == "fp32"
+
+
+def test_qa_eval_reads_squad_json(tiny_checkpoint, tmp_path: Path) -> None:
+    context = " ".join(CORPUS[:4])
+    squad = {
+        "data": [
+            {
+                "title": "t",
+                "paragraphs": [
+                    {
+                        "context": context,
+                        "qas": [
+                            {"id": "1", "question": "Who met in Brussels?", "answers": [{"text": "Peter Blackburn"}]},
+                            {
+                                "id": "2",
+                                "question": "Where?",
+                                "answers": [{"text": "Brussels"}, {"text": "in Brussels"}],
+                            },
+                            {"id": "3", "question": "Unanswerable?", "answers": []},
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(squad))
+    config = export_checkpoint(
+        str(tiny_checkpoint("roberta", "qa")),
+        "m",
+        tmp_path / "models",
+        variants="fp32,int8",
+        eval_path=data,
+        max_accuracy_loss=100,
+    ).config
+    assert config["evaluation"]["examples"] == 2 and config["evaluation"]["format"] == "SQuAD JSON"
+    record = config["variants"]["int8"]["accuracy"]
+    assert set(record["scores"]) == {"exact_match", "f1"} and record["agreement_of"] == "answer spans"
+    assert 0 <= record["scores"]["f1"] <= 100
+
+
+@pytest.mark.parametrize(
+    ("task", "content", "message"),
+    [
+        ("classification", "sentence\tlabel\nfine\tpositive\ngood\tterrific\n", "line 3: label 'terrific'"),
+        ("classification", "just text, no label\n", "line 1: expected text<TAB>label"),
+        ("ner", "Peter B-PER\nBerlin\n", "line 2: expected `word TAG`"),
+        ("qa", '{"version": "1.1"}', "not SQuAD JSON"),
+        ("qa", "{not json", "cannot read it as SQuAD JSON"),
+        ("ner", "-DOCSTART- O\n\n", "has no examples"),
+    ],
+)
+def test_bad_eval_data_is_a_clear_error(tiny_checkpoint, tmp_path: Path, task: str, content: str, message: str):
+    data = tmp_path / "data"
+    data.write_text(content)
+    checkpoint = load_checkpoint(str(tiny_checkpoint("bert", task)))
+    with pytest.raises(ExportError, match=message.replace("(", r"\(")):
+        load_eval_set(data, checkpoint)
+
+
+def test_command_line_prints_figures_and_refuses_negative_budgets(tiny_checkpoint, tmp_path: Path) -> None:
+    data = write_tsv(tmp_path / "dev.tsv", [(text, LABELS[i % 3]) for i, text in enumerate(CORPUS)], header=False)
+    base = [sys.executable, "-m", "export", str(tiny_checkpoint("distilbert", "classification")), "--name", "m"]
+    base += ["--repository", str(tmp_path / "models"), "--variants", "fp32,int8", "--eval", str(data)]
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "on eval data: accuracy" in done.stdout and f"({len(CORPUS)} examples, text/label TSV)" in done.stdout
+    assert "cpu default" in done.stdout
+    done = subprocess.run([*base, "--max-accuracy-loss", "-1"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("error: --max-accuracy-loss -1")
+
+
+def test_judge_and_reason() -> None:
+    record = judge("qa", {"exact_match": 40.0, "f1": 50.0}, {"exact_match": 41.0, "f1": 50.7}, 0.9, 0.5)
+    assert record["metric"] == "f1" and record["loss_points"] == 0.7 and not record["within_budget"]
+    assert judge("ner", {"f1": 80.0}, {"f1": 80.5}, 0.99, 0.5)["within_budget"]  # exactly at the budget
+
+
+def test_refusal_reason_names_the_scores(tmp_path: Path) -> None:
+    class Data:
+        path = tmp_path / "dev.tsv"
+
+        def __len__(self) -> int:
+            return 872
+
+    record = judge("classification", {"accuracy": 84.0}, {"accuracy": 85.3}, 0.97, 0.5)
+    assert refusal_reason("int8", record, Data()) == (  # type: ignore[arg-type]
+        "int8 refused: accuracy 84.00 against fp32's 85.30 on dev.tsv (872 examples) loses 1.30 points, "
+        "over the budget of 0.5"
+    )
+
+
+def test_entity_spans_follow_conlleval() -> None:
+    assert entity_spans(["B-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-ORG"]) == {
+        (0, 1, "PER"),
+        (3, 3, "LOC"),
+        (4, 4, "LOC"),
+        (5, 5, "ORG"),
+    }
+
+
+def test_words_map_to_their_first_token() -> None:
+    # "Peter Blackburn went": [CLS], Pe, ##ter, Black, ##burn, went, [SEP]
+    offsets = [(0, 0), (0, 2), (2, 5), (6, 11), (11, 15), (16, 20), (0, 0)]
+    assert _first_token_of_words([(0, 5), (6, 15), (16, 20), (21, 25)], offsets) == [1, 3, 5, None]
+
+
+def test_squad_normalisation() -> None:
+    assert normalize_answer("The  Eiffel Tower!") == "eiffel tower"
