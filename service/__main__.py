@@ -6,7 +6,6 @@ used) hands over to the launcher: one engine process and `--frontends` front-end
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from pydantic import ValidationError
@@ -30,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings.configure_logging()
     if resolve_engine_mode(settings) == "process":
         return Launcher(settings).run()
     return 0 if serve(create_app(settings), settings) else 1

@@ -8,7 +8,6 @@ many requests proceed in parallel while one engine process keeps the device busy
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-socket", type=Path, required=True, help="the engine process's unix socket")
     args = parser.parse_args(argv)
     settings = Settings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings.configure_logging()
     sock = shared_port_socket(settings.host, settings.port)
     started = serve(create_app(settings, engine_socket=args.engine_socket), settings, sockets=[sock])
     return 0 if started else 3

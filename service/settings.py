@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Literal
@@ -117,6 +118,10 @@ class Settings(BaseSettings):
                 text = str(value)
             env[f"{ENV_PREFIX}{name.upper()}"] = text
         return env
+
+    def configure_logging(self) -> None:
+        """One log format for every process of the server (launcher, engine, front-ends)."""
+        logging.basicConfig(level=self.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     @property
     def frontend_count(self) -> int:

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", type=Path, required=True, help="unix socket to listen on")
     args = parser.parse_args(argv)
     settings = Settings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings.configure_logging()
     try:
         _run(serve(settings, args.socket))
     except StartupError as exc:

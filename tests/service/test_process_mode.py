@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.test_scheduling import metric
+from tests.service.test_scheduling import metric, sigterm_during_burst
 
 MODELS = "bert-classification,distilbert-ner,albert-qa"
 PROCESS = ("--engine-mode", "process", "--frontends", "2", "--models", MODELS)
@@ -51,7 +51,7 @@ def engine_pids(log: str) -> list[int]:
     return [int(pid) for pid in re.findall(r"engine started \(pid (\d+)\)", log)]
 
 
-def wait_for(condition, timeout: float = 60) -> bool:
+def wait_for(condition, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
@@ -98,19 +98,21 @@ def test_an_engine_that_dies_is_restarted_and_its_requests_get_503(tiny_reposito
     lock = threading.Lock()
 
     def ask(_: int) -> None:
-        body = {"inputs": [{"question": "Who met whom?", "context": CONTEXT * 12}] * 6}
+        body = {"inputs": [{"question": "Who met whom?", "context": CONTEXT * 12}] * 16}
         response = httpx.post(server.url + "/v1/models/albert-qa/qa", json=body, timeout=30)
         with lock:
             outcomes.append((response.status_code, response.json().get("error_type", "")))
 
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(ask, i) for i in range(6)]
-        time.sleep(0.5)  # requests in flight in the engine
+        # kill it while rows wait in its queue: those requests are in flight with the engine for certain
+        assert wait_for(lambda: metric(server, "bertserve_queue_depth", model="albert-qa") > 0, timeout=30)
         os.kill(first_engine, signal.SIGKILL)
-        readiness = [httpx.get(server.url + "/readyz").status_code for _ in range(3)]
+        # the front-ends notice at once that their engine is gone
+        not_ready = wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 503, timeout=10)
         for future in futures:
             future.result()
-    assert 503 in readiness, readiness  # the front-ends noticed at once that their engine is gone
+    assert not_ready
     assert outcomes and all(status in (200, 503) for status, _ in outcomes), outcomes
     assert any(status == 503 for status, _ in outcomes), "no request was in flight when the engine died"
     assert all(kind == "unavailable" for status, kind in outcomes if status == 503)
@@ -123,24 +125,7 @@ def test_an_engine_that_dies_is_restarted_and_its_requests_get_503(tiny_reposito
 
 def test_sigterm_drains_the_front_ends_then_stops_the_engine(tiny_repository: Path, server_factory) -> None:
     server = server_factory(tiny_repository, *PROCESS, "--max-batch-size", "2")
-    results: list[int | str] = []
-    lock = threading.Lock()
-
-    def ask(_: int) -> None:
-        try:
-            body = {"inputs": [{"question": "Who met?", "context": CONTEXT * 6}] * 8}
-            outcome: int | str = httpx.post(server.url + "/v1/models/albert-qa/qa", json=body, timeout=30).status_code
-        except httpx.TransportError as exc:  # refused: arrived after the listeners closed
-            outcome = type(exc).__name__
-        with lock:
-            results.append(outcome)
-
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(ask, i) for i in range(16)]
-        time.sleep(0.3)
-        server.process.send_signal(signal.SIGTERM)
-        for future in futures:
-            future.result()
+    results = sigterm_during_burst(server, "albert-qa")
     assert server.process.wait(60) == 0
     assert results.count(200) >= 1 and all(r in (200, 503) for r in results if isinstance(r, int)), results
     log = server.log()
