@@ -58,13 +58,15 @@ class Inference:
         return model
 
     def check_texts(self, texts: Sequence[tuple[str, str]]) -> None:
-        """(field, text) pairs against the request limits."""
+        """(field, text) pairs against the request limits, and text the tokenizer can take."""
         for where, text in texts:
             if len(text) > self.settings.max_chars_per_input:
                 raise InvalidInput(
                     f"{where} has {len(text)} characters; the limit is {self.settings.max_chars_per_input}",
                     field=where,
                 )
+            if not text.isascii():
+                _check_encodable(where, text)
 
     def check_count(self, count: int) -> None:
         if count > self.settings.max_inputs_per_request:
@@ -173,6 +175,18 @@ class Inference:
         self.metrics.queue_duration.labels(model.name).observe(timings.queue_s)
         self.metrics.tokenization_duration.labels(model.name).observe(timings.tokenization_s)
         return outputs
+
+
+def _check_encodable(where: str, text: str) -> None:
+    """JSON can carry a lone surrogate (\\ud800) that is no Unicode character: the tokenizer cannot take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(
+            f"{where} holds an unpaired surrogate (\\u{ord(text[exc.start]):04x}) at character {exc.start}: "
+            "not a Unicode character",
+            field=where,
+        ) from None
 
 
 def _classify_texts(inputs: list[classification.TextInput]) -> list[tuple[str, str]]:

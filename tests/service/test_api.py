@@ -112,6 +112,20 @@ BAD_REQUESTS = [
     ("GET", "/v2/nothing", {}, 404, "not_found", None),
     ("POST", "/v1/models/bert-ner/ner", {"json": {"inputs": ["x" * 100_000]}}, 422, "validation", "inputs.0"),
     ("POST", "/v1/models/bert-classification/classify", {"json": {"inputs": ["x"] * 65}}, 422, "validation", "inputs"),
+    # a lone surrogate is valid JSON but no Unicode character: every endpoint refuses it by field (was a 500)
+    *[
+        ("POST", path, {"content": body.encode()}, 422, "validation", field)
+        for path, body, field in [
+            ("/v1/models/bert-classification/classify", '{"inputs": ["ok", "bad \\ud800 text"]}', "inputs.1"),
+            (
+                "/v1/models/bert-classification/classify",
+                '{"inputs": {"text": "fine", "text_pair": "\\udfff"}}',
+                "inputs.0.text_pair",
+            ),
+            ("/v1/models/bert-ner/ner", '{"inputs": "\\ud800"}', "inputs.0"),
+            ("/v1/models/bert-qa/qa", '{"inputs": {"question": "q\\ud83d", "context": "c"}}', "inputs.0.question"),
+        ]
+    ],
     (
         "POST",
         "/v1/models/bert-classification/classify",

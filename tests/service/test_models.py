@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -83,30 +84,41 @@ def repository_with_a_broken_entry(tiny_repository: Path, tmp_path_factory: pyte
     shutil.copytree(tiny_repository / "bert-classification", repository / "good")
     shutil.copytree(tiny_repository / "bert-ner", repository / "broken")
     (repository / "broken" / "model.fp32.onnx").write_bytes(b"not an onnx graph")
+    shutil.copytree(tiny_repository / "bert-qa", repository / "no-tokenizer")
+    (repository / "no-tokenizer" / "tokenizer.json").unlink()  # the front-end's part fails, the engine's loads
     (repository / ".half-written.staging-x").mkdir()  # an export in progress: not an entry
     return repository
 
 
-def test_a_model_that_fails_to_load_is_reported_and_the_rest_served(repository_with_a_broken_entry, server_factory):
-    server = server_factory(repository_with_a_broken_entry)
+@pytest.mark.parametrize("mode", ["in-process", "process"])
+def test_a_model_that_fails_to_load_is_reported_and_the_rest_served(
+    repository_with_a_broken_entry, server_factory, mode: str
+):
+    server = server_factory(repository_with_a_broken_entry, "--engine-mode", mode, "--frontends", "1")
     with server.client() as client:
         ready = client.get("/readyz")
-        assert ready.status_code == 200 and ready.json()["failed"] == ["broken"]
+        assert ready.status_code == 200 and ready.json()["failed"] == ["broken", "no-tokenizer"]
         models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
-        assert set(models) == {"good", "broken"}
-        assert models["broken"]["status"] == "failed"
+        assert set(models) == {"good", "broken", "no-tokenizer"}
+        assert models["broken"]["status"] == models["no-tokenizer"]["status"] == "failed"
         assert "Protobuf parsing failed" in models["broken"]["error"]
-        assert str(repository_with_a_broken_entry) not in models["broken"]["error"]
-        response = client.post("/v1/models/broken/ner", json={"inputs": ["x"]})
-        assert response.status_code == 503 and response.json()["error_type"] == "unavailable"
+        assert "tokenizer.json" in models["no-tokenizer"]["error"]
+        for failed in ("broken", "no-tokenizer"):
+            assert str(repository_with_a_broken_entry) not in models[failed]["error"]
+        for path, body in [
+            ("/v1/models/broken/ner", {"inputs": ["x"]}),
+            ("/v1/models/no-tokenizer/qa", {"inputs": [{"question": "q", "context": "c"}]}),
+        ]:
+            response = client.post(path, json=body)
+            assert response.status_code == 503 and response.json()["error_type"] == "unavailable", response.text
         assert client.post("/v1/models/good/classify", json={"inputs": ["x"]}).status_code == 200
-    assert "model broken failed to load" in server.log()
+    assert "model broken failed to load" in server.log() and "model no-tokenizer failed to load" in server.log()
 
 
 def test_load_failure_fail_refuses_to_start(repository_with_a_broken_entry, server_factory) -> None:
     server = server_factory(repository_with_a_broken_entry, "--load-failure", "fail", wait_ready=False)
     assert server.process.wait(60) != 0
-    assert "model broken failed to load" in server.log()
+    assert re.search(r"model (broken|no-tokenizer) failed to load", server.log())
     with pytest.raises(httpx.TransportError):
         httpx.get(server.url + "/livez", timeout=1)
 
