@@ -13,15 +13,17 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from service import protocol
 from service.engine.batcher import Ticket
-from service.engine.core import EngineCore
 from service.errors import DeadlineExceeded, EngineUnavailable
 from service.metrics import Metrics
 from service.settings import Settings
 from service.tasks.base import Row
+
+if TYPE_CHECKING:  # a front-end process of an engine process never loads onnxruntime
+    from service.engine.core import EngineCore
 
 log = logging.getLogger("service.engine_client")
 RECONNECT_S = 0.1
@@ -43,7 +45,9 @@ class LocalEngine:
     """The engine runs in this process and event loop (in-process mode: a 2-core CPU, tests)."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
-        self.core = EngineCore(settings, metrics)
+        from service.engine.core import EngineCore
+
+        self.core: EngineCore = EngineCore(settings, metrics)
         self._warm_up: asyncio.Task | None = None
 
     @property
