@@ -29,6 +29,7 @@ import onnxruntime as ort
 
 from export.checkpoint import Checkpoint
 from export.errors import ExportError, first_line
+from export.validation import pad_rows
 
 PRIMARY_METRIC = {"classification": "accuracy", "ner": "f1", "qa": "f1"}
 FORMATS = {"classification": "text/label TSV", "ner": "CoNLL", "qa": "SQuAD JSON"}
@@ -166,7 +167,7 @@ def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:
         rows.append(encoded)
     by_length = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
     order = [by_length[i : i + BATCH_ROWS] for i in range(0, len(by_length), BATCH_ROWS)]
-    feeds = [_pad([rows[i] for i in chunk], checkpoint) for chunk in order]
+    feeds = [pad_rows([rows[i] for i in chunk], checkpoint) for chunk in order]
     return EvalSet(task, path, golds, feeds, order, extras)
 
 
@@ -179,23 +180,6 @@ def _first_token_of_words(spans: list[tuple[int, int]], offsets: list[tuple[int,
             token += 1
         firsts.append(token if token < len(offsets) and offsets[token][0] < end else None)
     return firsts
-
-
-def _pad(rows: list, checkpoint: Checkpoint) -> dict[str, np.ndarray]:
-    width = max(len(row["input_ids"]) for row in rows)
-    pad_id = checkpoint.tokenizer.pad_token_id or 0
-    feed = {
-        "input_ids": np.full((len(rows), width), pad_id, dtype=np.int64),
-        "attention_mask": np.zeros((len(rows), width), dtype=np.int64),
-        "token_type_ids": np.zeros((len(rows), width), dtype=np.int64),
-    }
-    for i, row in enumerate(rows):
-        n = len(row["input_ids"])
-        feed["input_ids"][i, :n] = row["input_ids"]
-        feed["attention_mask"][i, :n] = 1
-        if "token_type_ids" in row:
-            feed["token_type_ids"][i, :n] = row["token_type_ids"]
-    return {name: feed[name] for name in checkpoint.input_names}
 
 
 def predict(session: ort.InferenceSession, data: EvalSet, labels: list[str] | None) -> list[Any]:

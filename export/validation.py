@@ -62,8 +62,12 @@ def build_cases(checkpoint: Checkpoint) -> list[Case]:
 
 
 def _batch(checkpoint: Checkpoint, lengths: list[int]) -> dict[str, np.ndarray]:
-    rows = [_encode_row(checkpoint, length, index) for index, length in enumerate(lengths)]
-    width = max(lengths)
+    return pad_rows([_encode_row(checkpoint, length, index) for index, length in enumerate(lengths)], checkpoint)
+
+
+def pad_rows(rows: list[dict[str, list[int]]], checkpoint: Checkpoint) -> dict[str, np.ndarray]:
+    """Encoded rows as one right-padded batch of exactly the inputs the checkpoint's graph takes."""
+    width = max(len(row["input_ids"]) for row in rows)
     pad_id = checkpoint.tokenizer.pad_token_id or 0
     batch = {
         "input_ids": np.full((len(rows), width), pad_id, dtype=np.int64),
