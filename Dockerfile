@@ -118,12 +118,13 @@ COPY --from=project /site/ /opt/venv/lib/python3.11/site-packages/
 # The CUDA and cuDNN libraries of the nvidia-* wheels, for onnxruntime's CUDA provider (libcuda.so.1, the driver,
 # is what `docker run --gpus all` adds). NVIDIA_*: read by the NVIDIA container toolkit. Without a GPU the server
 # falls back to the CPU and says so in its log and in /v1/models ("note").
-ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib \
-    NVIDIA_VISIBLE_DEVICES=all \
-    NVIDIA_DRIVER_CAPABILITIES=compute,utility
 # A GPU wants big batches (measured on an H100: README "On a GPU"); process mode and shape buckets come by
 # themselves where a GPU is found (--engine-mode auto, --shape-buckets auto).
-ENV BERTSERVE_MAX_BATCH_SIZE=256 \
+# One ENV: on storage that copies each step's image whole (podman vfs), every step costs the image's size in disk.
+ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    BERTSERVE_MAX_BATCH_SIZE=256 \
     BERTSERVE_MAX_BATCH_TOKENS=16384
 USER 10001:10001
 

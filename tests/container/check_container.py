@@ -100,6 +100,35 @@ def image_size(tag: str) -> int:
     return int(docker("image", "inspect", "--format", "{{.Size}}", tag).stdout.strip())
 
 
+def image_store() -> Path | None:
+    """Where the engine keeps image layers (podman's graph root, Docker's root dir), if it says."""
+    fmt = "{{.Store.GraphRoot}}" if is_podman() else "{{.DockerRootDir}}"
+    out = docker("info", "--format", fmt, check_rc=False, quiet=True).stdout.strip()
+    return Path(out) if out and Path(out).exists() else None
+
+
+# Free space a build needs under the image store, by target: measured on podman's vfs driver, where every build
+# step copies the whole image (the gpu image is 3.1 GB, and its last steps each copy it once more).
+NEEDED_FREE_GB = {"cpu": 4, "demo": 6, "gpu": 14, "export": 9}
+
+
+def check_free_space(target: str) -> None:
+    store = image_store()
+    if store is None:
+        return
+    free_gb = shutil.disk_usage(store).free / 1e9
+    need = NEEDED_FREE_GB[target]
+    check(
+        free_gb >= need,
+        f"{free_gb:.1f} GB free under {store}; building {target} needs about {need} GB. "
+        "Remove images you no longer need (`docker images`, `docker rmi`), or run with --prune",
+    )
+
+
+def prune_dangling() -> None:
+    docker("image", "prune", "--force", timeout=1800)
+
+
 def mb(size: int) -> str:
     return f"{size / 1e6:,.0f} MB"
 
@@ -671,8 +700,9 @@ def main() -> int:
     parser.add_argument(
         "--prune",
         action="store_true",
-        help="first remove dangling images (stale layers of earlier builds, and the build cache with them): "
-        "for storage drivers that copy every layer whole (podman's vfs), where a few rebuilds fill the disk",
+        help="remove dangling images (stale layers of earlier builds, and the build cache with them) first, after "
+        "each build and at the end: for storage drivers that copy every layer whole (podman's vfs), where a few "
+        "rebuilds fill the disk",
     )
     args = parser.parse_args()
 
@@ -691,14 +721,17 @@ def main() -> int:
         torch_context = ["--build-context", f"torch-wheels={wheel_dir}"] if wheel_dir else []
         if args.prune:
             with phase("prune dangling images") as info:
-                docker("image", "prune", "--force", timeout=1800)
+                prune_dangling()
                 info["note"] = "docker image prune --force"
         if not args.skip_build:
             for target in ("cpu", "demo", "gpu", "export"):
                 if (target == "gpu" and args.skip_gpu) or (target == "export" and args.skip_export):
                     continue
                 with phase(f"build {target}") as info:
+                    check_free_space(target)
                     build(target, tags[target], log_dir, torch_context if target in ("demo", "export") else None)
+                    if args.prune:  # the image this build replaced is dangling now: free its layers at once
+                        prune_dangling()
                     info["note"] = f"{tags[target]} {mb(image_size(tags[target]))}"
 
         port = free_port()
@@ -763,6 +796,8 @@ def main() -> int:
     finally:
         remove(name)
         shutil.rmtree(work, ignore_errors=True)
+        if args.prune:
+            docker("image", "prune", "--force", check_rc=False, quiet=True, timeout=1800)
     report(started, ok=True, sizes={t: image_size(tags[t]) for t in tags if image_exists(tags[t])})
     return 0
 
