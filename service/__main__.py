@@ -32,7 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     settings.configure_logging()
     if resolve_engine_mode(settings) == "process":
         return Launcher(settings).run()
-    return 0 if serve(create_app(settings), settings) else 1
+    app = create_app(settings)
+    try:
+        app.state.server.load()  # before serving: a model that must load and cannot is one line, not a traceback
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0 if serve(app, settings) else 1
 
 
 if __name__ == "__main__":

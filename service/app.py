@@ -14,11 +14,12 @@ from fastapi import FastAPI
 
 from export import __version__
 from export.model_config import ModelConfig
+from service.admission import AdmissionGate
 from service.engine_client import Engine, LocalEngine, RemoteEngine
 from service.http_errors import install_error_handlers
 from service.inference import Inference
 from service.metrics import Metrics
-from service.middleware import BodyLimitMiddleware, MetricsMiddleware
+from service.middleware import AdmissionMiddleware, BodyLimitMiddleware, JsonOnlyMiddleware, MetricsMiddleware
 from service.registry import ModelRegistry, ServedModel
 from service.routes import router
 from service.settings import Settings
@@ -36,7 +37,15 @@ class ServerState:
         self.registry = ModelRegistry(settings, self.metrics, self.engine)
         self.executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
         self.inference = Inference(settings, self.registry, self.engine, self.executor, self.metrics)
+        self.admission = AdmissionGate(settings.max_queue_s, settings.admission_floor)
         self.draining = False
+
+    def load(self) -> None:
+        """Read the models and open their sessions (once): what can fail at start-up, before serving starts.
+        StartupError where a model fails and --load-failure is fail."""
+        if not self.registry.models:
+            self.registry.load()
+        self.engine.load()
 
     def model_info(self, model: ServedModel) -> dict[str, Any]:
         config, engine, s = model.config, model.engine_state, self.settings
@@ -61,6 +70,7 @@ class ServerState:
                 "max_batch_size": s.max_batch_size,
                 "max_batch_tokens": s.max_batch_tokens,
                 "request_timeout_s": s.request_timeout_s,
+                "max_queue_s": s.max_queue_s,
                 "token_overflow": s.token_overflow,
             },
         }
@@ -73,7 +83,7 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        server.registry.load()  # raises StartupError: uvicorn reports it and exits non-zero
+        server.load()  # done already where `python -m service` started it; StartupError: uvicorn exits non-zero
         await server.engine.start(on_change=server.registry.sync)
         try:
             yield
@@ -92,6 +102,8 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
     app.state.server = server
     install_error_handlers(app)
     app.include_router(router)
+    app.add_middleware(AdmissionMiddleware, gate=server.admission)
+    app.add_middleware(JsonOnlyMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=server.metrics, known_models=lambda: set(server.registry.models))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app

@@ -36,6 +36,7 @@ class Engine(Protocol):
     @property
     def ready(self) -> bool: ...
     def states(self) -> dict[str, dict[str, Any]]: ...
+    def load(self) -> None: ...
     async def start(self, on_change: Callable[[], None]) -> None: ...
     async def infer(self, model: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]: ...
     async def stop(self) -> None: ...
@@ -61,9 +62,14 @@ class LocalEngine:
     def states(self) -> dict[str, dict[str, Any]]:
         return self.core.states()
 
+    def load(self) -> None:
+        """Open the sessions (once). StartupError where a model fails and --load-failure is fail."""
+        if not self.core.models:
+            self.core.load()
+
     async def start(self, on_change: Callable[[], None]) -> None:
         self.core.on_change = on_change
-        self.core.load()  # StartupError where a model fails and --load-failure is fail
+        self.load()
         self.core.start()
         on_change()
         self._warm_up = asyncio.create_task(self.core.warm_up(), name="warm-up")
@@ -103,6 +109,9 @@ class RemoteEngine:
 
     def states(self) -> dict[str, dict[str, Any]]:
         return self._states
+
+    def load(self) -> None:
+        """Nothing to load here: the engine process opens the sessions."""
 
     async def start(self, on_change: Callable[[], None]) -> None:
         self._on_change = on_change

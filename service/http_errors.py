@@ -44,6 +44,8 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(422, "validation", "the request body is not valid")
     if errors[0].get("type") == "json_invalid":
         return error_response(400, "bad_request", INVALID_JSON)
+    if errors[0].get("type") == "missing" and tuple(errors[0].get("loc", ())) == ("body",):
+        return error_response(422, "validation", "the request body is empty: a JSON object is required", "body")
     # Unions report one error per alternative; the deepest path is the one that says what is wrong.
     first = max(errors, key=lambda error: len(_field(error) or ""))
     field = _field(first)
@@ -55,9 +57,12 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 def _field(error: dict[str, Any]) -> str | None:
-    """The path of request fields, without pydantic's union and type tags: inputs.0.question, top_k."""
-    parts = [str(p) for p in error.get("loc", ()) if isinstance(p, int) or p in schemas.REQUEST_FIELDS]
-    return ".".join(parts) or None
+    """The path of request fields, without pydantic's union and type tags: inputs.0.question, top_k; for a key
+    that is not allowed, that key (the last part of the path)."""
+    loc = list(error.get("loc", ()))
+    unknown = [str(loc.pop())] if error.get("type") == "extra_forbidden" and len(loc) > 1 else []
+    parts = [str(p) for p in loc if isinstance(p, int) or p in schemas.REQUEST_FIELDS]
+    return ".".join(parts + unknown) or None
 
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:

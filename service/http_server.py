@@ -17,6 +17,9 @@ class DrainingServer(uvicorn.Server):
         if state is not None:
             state.draining = True
         super().handle_exit(sig, frame)
+        # uvicorn raises the signal again once it has shut down, so the process dies of it (exit 143): after a
+        # drain that is a clean stop, and says so with exit 0, as process mode's launcher does.
+        self._captured_signals.clear()
 
 
 def _find_state(app: object) -> object | None:

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: the request body limit, and per-request metrics."""
+"""Pure ASGI middleware: the request body limit, admission by time, and per-request metrics."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from service.admission import AdmissionGate
 from service.metrics import Metrics
 
 Scope = dict[str, Any]
@@ -16,6 +17,81 @@ ASGIApp = Callable[..., Any]
 
 class BodyTooLarge(Exception):
     pass
+
+
+INFERENCE_ENDPOINTS = ("classify", "ner", "qa")
+
+
+def error_body(message: str, error_type: str) -> bytes:
+    """The one error body shape, for answers given before the app (and its exception handlers) is reached."""
+    return json.dumps({"error": message, "error_type": error_type, "field": None}).encode()
+
+
+async def send_error(send: Callable, status: int, body: bytes, extra: list[tuple[bytes, bytes]]) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def is_inference(path: str) -> bool:
+    parts = path.split("/")  # ['', 'v1', 'models', name, endpoint]
+    return len(parts) == 5 and parts[1:3] == ["v1", "models"] and parts[4] in INFERENCE_ENDPOINTS
+
+
+class JsonOnlyMiddleware:
+    """415 for an inference request whose body says it is not JSON (a form, text): the usual mistake is curl -d
+    without a Content-Type header, and without this it is a puzzling 422. No Content-Type at all reads as JSON."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST" and is_inference(scope.get("path", "")):
+            declared = dict(scope.get("headers") or []).get(b"content-type")
+            media = declared.split(b";")[0].strip().lower() if declared is not None else b"application/json"
+            if media != b"application/json" and not media.endswith(b"+json"):
+                shown = media.decode("latin-1")[:100]
+                message = f"the body must be JSON (Content-Type: application/json), not {shown or 'empty'}"
+                await send_error(send, 415, error_body(message, "unsupported_media_type"), [])
+                return
+        await self.app(scope, receive, send)
+
+
+class AdmissionMiddleware:
+    """429 at once, before the body is read or tokenized, for inference requests the gate does not admit."""
+
+    def __init__(self, app: ASGIApp, gate: AdmissionGate, on_refused: Callable[[], None] | None = None) -> None:
+        self.app = app
+        self.gate = gate
+        self.on_refused = on_refused or (lambda: None)
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST" or not is_inference(scope.get("path", "")):
+            await self.app(scope, receive, send)
+            return
+        gate = self.gate
+        if not gate.try_enter():
+            self.on_refused()
+            wait = gate.expected_wait_s()
+            message = (
+                f"the server is at capacity: {gate.in_flight} requests in flight would take about {wait:.1f} s, "
+                f"over the {gate.max_queue_s:g} s bound (--max-queue-s); retry shortly"
+            )
+            retry = str(gate.retry_after_s()).encode()
+            await send_error(send, 429, error_body(message, "overloaded"), [(b"retry-after", retry)])
+            return
+        status = 500
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        finally:
+            gate.leave(completed=200 <= status < 300)
 
 
 class BodyLimitMiddleware:
@@ -32,6 +108,9 @@ class BodyLimitMiddleware:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._reject(send)
+            return
+        if declared is None:  # chunked (or no body): read it here, bounded, so that too much is a 413
+            await self._buffered(scope, receive, send)
             return
         received = 0
         started = False
@@ -56,21 +135,34 @@ class BodyLimitMiddleware:
             if not started:
                 await self._reject(send)
 
+    async def _buffered(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before the body was in
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._reject(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect, when it comes
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
     async def _reject(self, send: Callable) -> None:
-        body = json.dumps(
-            {
-                "error": f"the request body is larger than {self.max_bytes} bytes",
-                "error_type": "payload_too_large",
-                "field": None,
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        body = error_body(f"the request body is larger than {self.max_bytes} bytes", "payload_too_large")
+        await send_error(send, 413, body, [(b"connection", b"close")])
 
 
 class MetricsMiddleware:
@@ -100,6 +192,6 @@ class MetricsMiddleware:
             parts = scope["path"].split("/")  # ['', 'v1', 'models', name, endpoint?]
             name = parts[3] if len(parts) > 3 else ""
             model = name if name in self.known_models() else "unknown"  # bounded label values
-            endpoint = parts[4] if len(parts) > 4 and parts[4] in ("classify", "ner", "qa") else "info"
+            endpoint = parts[4] if len(parts) > 4 and parts[4] in INFERENCE_ENDPOINTS else "info"
             self.metrics.requests.labels(model, endpoint, str(status)).inc()
             self.metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)

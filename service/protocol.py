@@ -117,7 +117,10 @@ def unpack_outputs(arrays: dict[str, np.ndarray], lengths: list[int], per_token:
 
 
 def error_header(request_id: int, exc: errors.ServiceError) -> dict[str, Any]:
-    return {"op": "error", "id": request_id, "kind": type(exc).__name__, "message": exc.message, "field": exc.field}
+    header = {"op": "error", "id": request_id, "kind": type(exc).__name__, "message": exc.message, "field": exc.field}
+    if "Retry-After" in exc.headers:
+        header["retry_after"] = exc.headers["Retry-After"]
+    return header
 
 
 def raise_error(header: dict[str, Any]) -> None:
@@ -126,6 +129,9 @@ def raise_error(header: dict[str, Any]) -> None:
     if not (isinstance(kind, type) and issubclass(kind, errors.ServiceError)):
         raise errors.InferenceFailed("inference failed for this request")
     message = str(header.get("message", ""))
-    if issubclass(kind, errors.NotReady | errors.Overloaded):
+    if issubclass(kind, errors.Overloaded):
+        retry_after = str(header.get("retry_after", "1"))
+        raise kind(message, retry_after_s=int(retry_after) if retry_after.isdigit() else 1)
+    if issubclass(kind, errors.NotReady):
         raise kind(message)
     raise kind(message, field=header.get("field"))

@@ -102,7 +102,7 @@ class ModelRegistry:
     def get(self, name: str) -> ServedModel:
         model = self.models.get(name)
         if model is None:
-            raise ModelNotFound(f"no model named {name!r}; GET /v1/models lists the served models")
+            raise ModelNotFound(f"no model named {name[:100]!r}; GET /v1/models lists the served models")
         if model.status == "failed":
             raise ModelFailed(f"model {name} failed to load: {model.failure}")
         if not self.engine.connected:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from service.app import ServerState
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": schemas.ErrorBody} for code in (400, 404, 413, 422, 429, 500, 503, 504)
+    code: {"model": schemas.ErrorBody} for code in (400, 404, 413, 415, 422, 429, 500, 503, 504)
 }
 router = APIRouter()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 
 class Strict(BaseModel):
@@ -23,7 +23,7 @@ class ClassifyRequest(Strict):
     inputs: ClassifyInput | Annotated[list[ClassifyInput], Field(min_length=1)] = Field(
         description="one input or a non-empty list of them", examples=["a gorgeous, witty, seductive movie."]
     )
-    top_k: int | None = Field(1, ge=1, description="best labels to return per input; null: every label, sorted")
+    top_k: StrictInt | None = Field(1, ge=1, description="best labels to return per input; null: every label, sorted")
 
 
 class LabelScore(BaseModel):
@@ -67,16 +67,16 @@ class QaInput(Strict):
 
 class QaRequest(Strict):
     inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)]
-    top_k: int = Field(1, ge=1, le=100, description="answers per input")
-    max_answer_len: int = Field(15, ge=1, le=512, description="longest answer, in tokens")
-    doc_stride: int | None = Field(
+    top_k: StrictInt = Field(1, ge=1, le=100, description="answers per input")
+    max_answer_len: StrictInt = Field(15, ge=1, le=512, description="longest answer, in tokens")
+    doc_stride: StrictInt | None = Field(
         None, ge=0, description="overlap of consecutive context windows, in tokens; null: min(max_seq_len / 2, 128)"
     )
-    max_seq_len: int | None = Field(
+    max_seq_len: StrictInt | None = Field(
         None, ge=8, description="window length in tokens; null: 384; capped by the model's max_length"
     )
-    max_question_len: int = Field(64, ge=1, description="as transformers' question-answering pipeline")
-    handle_impossible_answer: bool = Field(False, description="allow an empty answer")
+    max_question_len: StrictInt = Field(64, ge=1, description="as transformers' question-answering pipeline")
+    handle_impossible_answer: StrictBool = Field(False, description="allow an empty answer")
 
 
 class Answer(BaseModel):

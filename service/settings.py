@@ -70,7 +70,15 @@ class Settings(BaseSettings):
         "buckets (CUDA) no cap unless set",
     )
     max_wait_ms: float = Field(2.0, ge=0, le=1000, description="longest wait for more work before a partial batch")
-    max_queue_rows: int = Field(2048, ge=1, le=1_000_000, description="rows queued per model before 429")
+    max_queue_s: float = Field(
+        2.0,
+        gt=0,
+        le=600,
+        description="admission bound: new work gets 429 once the work admitted would take longer than this, "
+        "judged from requests in flight at the rate the server has been answering them, and from each model's "
+        "queued tokens at its measured cost per token",
+    )
+    max_queue_rows: int = Field(2048, ge=1, le=1_000_000, description="most rows queued per model (429 past it)")
     request_timeout_s: float = Field(30.0, gt=0, le=3600, description="per-request deadline; past it 504")
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="largest request body")
     max_inputs_per_request: int = Field(64, ge=1, le=10_000, description="most inputs in one request")
@@ -95,6 +103,11 @@ class Settings(BaseSettings):
             )
         if self.cuda_graphs == "on" and self.shape_buckets == "off":
             raise ValueError("cuda_graphs on needs shape buckets (a graph is captured per shape)")
+        if self.max_queue_s >= self.request_timeout_s:
+            raise ValueError(
+                f"max_queue_s ({self.max_queue_s:g}) must be below request_timeout_s ({self.request_timeout_s:g}): "
+                "work admitted to wait that long would time out"
+            )
         if self.request_timeout_s * 1000 <= self.max_wait_ms:
             raise ValueError("request_timeout_s must be longer than max_wait_ms, or every request times out")
         return self
@@ -122,6 +135,11 @@ class Settings(BaseSettings):
     def configure_logging(self) -> None:
         """One log format for every process of the server (launcher, engine, front-ends)."""
         logging.basicConfig(level=self.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    @property
+    def admission_floor(self) -> int:
+        """Requests always admitted at once, whatever the measured rate: enough for one full batch."""
+        return max(8, self.max_batch_size)
 
     @property
     def frontend_count(self) -> int:

@@ -5,7 +5,9 @@
   `max_batch_size`, and padded / real tokens within `max_padding_ratio` (padding is computed for nothing: on
   a CPU a smaller batch of like lengths beats a bigger one padded to its longest row).
 - A partial batch waits at most `max_wait_s` after its oldest row arrived, unless the queue can already fill one.
-- The queue is bounded (`max_queue_rows`): past it, `Overloaded` at once. Every request has a deadline: past it
+- The queue is bounded in time (`max_queue_s`): a request whose rows, behind those queued, would take longer
+  than that at the measured cost per token (a running average over batches) gets `Overloaded` at once, unless
+  the queue is empty; and in rows (`max_queue_rows`), a hard cap. Every request has a deadline: past it
   the request gets `DeadlineExceeded` and its rows that have not run are dropped. Rows of requests whose client
   went away (ticket cancelled) are dropped too.
 - The runner runs on one worker thread per model, so the event loop never blocks; while a batch runs, the next
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -114,6 +117,7 @@ class Batcher:
         max_batch_tokens: int,
         max_wait_s: float,
         max_queue_rows: int,
+        max_queue_s: float = float("inf"),
         max_padding_ratio: float = float("inf"),
         observer: BatchObserver | None = None,
         prepare: Callable[[list[Any]], Any] | None = None,
@@ -127,6 +131,9 @@ class Batcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_s
         self.max_queue_rows = max_queue_rows
+        self.max_queue_s = max_queue_s
+        self.seconds_per_token: float | None = None  # running average of batch time / real tokens, once measured
+        self._pending_tokens = 0
         self.max_padding_ratio = max_padding_ratio
         self._observer = observer
         self._pending: list[_Item] = []
@@ -168,10 +175,19 @@ class Batcher:
             )
         if len(self._pending) + len(rows) > self.max_queue_rows:
             raise Overloaded(f"model {self.name} has {len(self._pending)} rows queued; try again shortly")
+        tokens = sum(len(row) for row in rows)
+        wait = self.expected_wait_s(tokens)
+        if self._pending and wait > self.max_queue_s:
+            raise Overloaded(
+                f"model {self.name} has {len(self._pending)} rows queued: with this request about {wait:.1f} s of "
+                f"work, over the {self.max_queue_s:g} s bound (--max-queue-s); try again shortly",
+                retry_after_s=max(1, min(30, math.ceil(wait - self.max_queue_s))),
+            )
         loop = asyncio.get_running_loop()
         request = _Request(loop.create_future(), len(rows))
         items = [_Item(row, len(row), ticket, request, index) for index, row in enumerate(rows)]
         self._pending.extend(items)
+        self._pending_tokens += tokens
         self._report_depth()
         self._wakeup.set()
         timer = loop.call_later(max(0.0, ticket.deadline - time.monotonic()), self._expire, request, ticket)
@@ -179,6 +195,10 @@ class Batcher:
             return await request.future
         finally:
             timer.cancel()
+
+    def expected_wait_s(self, more_tokens: int = 0) -> float:
+        """Time to run the queued rows and `more_tokens` besides at the measured cost; 0 before any batch ran."""
+        return (self._pending_tokens + more_tokens) * (self.seconds_per_token or 0.0)
 
     def _expire(self, request: _Request, ticket: Ticket) -> None:
         if request.done():
@@ -259,6 +279,7 @@ class Batcher:
         """Drop dead rows; then the oldest row plus its nearest neighbours in length, within the budgets."""
         self._pending = [item for item in self._pending if not item.dead]
         if not self._pending:
+            self._pending_tokens = 0
             self._report_depth()
             return []
         by_length = sorted(self._pending, key=lambda item: (item.length, item.enqueued))
@@ -282,6 +303,7 @@ class Batcher:
         batch = by_length[low : high + 1]
         chosen = set(map(id, batch))
         self._pending = [item for item in self._pending if id(item) not in chosen]
+        self._pending_tokens = sum(item.length for item in self._pending)
         self._report_depth()
         return batch
 
@@ -308,6 +330,7 @@ class Batcher:
         finally:
             self._wakeup.set()  # the device is free: the loop may be waiting for that
         seconds = time.monotonic() - started
+        self._learn_cost(seconds, sum(item.length for item in batch))
         for ticket in {id(item.ticket): item.ticket for item in batch}.values():
             ticket.inference_seconds += seconds
             ticket.inference_calls += 1
@@ -315,6 +338,18 @@ class Batcher:
             width = max(item.length for item in batch)
             real = sum(item.length for item in batch)
             self._observer.on_batch(len(batch), self._padded_cost(len(batch), width), real, seconds)
+
+    def _learn_cost(self, seconds: float, real_tokens: int) -> None:
+        """Running average of seconds per real token (padding included in the cost), weighted by batch size, so
+        that the many small batches of a quiet server do not outweigh the full ones that matter under load."""
+        if real_tokens <= 0:
+            return
+        cost = seconds / real_tokens
+        weight = min(1.0, real_tokens / max(self.max_batch_tokens, 1))
+        if self.seconds_per_token is None:
+            self.seconds_per_token = cost
+        else:
+            self.seconds_per_token += 0.2 * weight * (cost - self.seconds_per_token)
 
     @staticmethod
     def _fail(batch: list[_Item]) -> None:

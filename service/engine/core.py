@@ -90,6 +90,7 @@ class EngineCore:
                 max_batch_tokens=max(self.settings.max_batch_tokens, runtime.max_length),
                 max_wait_s=self.settings.max_wait_ms / 1000,
                 max_queue_rows=self.settings.max_queue_rows,
+                max_queue_s=self.settings.max_queue_s,
                 max_padding_ratio=self._padding_ratio(runtime),
                 observer=self.metrics.observer(model.name),
             )
@@ -131,7 +132,7 @@ class EngineCore:
     async def infer(self, name: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]:
         model = self.models.get(name)
         if model is None:
-            raise ModelNotFound(f"no model named {name!r}; GET /v1/models lists the served models")
+            raise ModelNotFound(f"no model named {name[:100]!r}; GET /v1/models lists the served models")
         if model.status == "failed":
             raise ModelFailed(f"model {name} failed to load: {model.error}")
         if model.status != "ready" or model.batcher is None:

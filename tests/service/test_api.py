@@ -134,6 +134,44 @@ BAD_REQUESTS = [
         "payload_too_large",
         None,
     ),
+    # the same body sent chunked (no Content-Length): 413 too, not "not valid JSON"
+    (
+        "POST",
+        "/v1/models/bert-classification/classify",
+        {"content": [b'{"inputs": ["', *[b"a" * 65_536] * 46, b'"]}']},
+        413,
+        "payload_too_large",
+        None,
+    ),
+    # unknown keys and empty bodies name their field; a boolean is no number; bodies that are not JSON
+    *[
+        ("POST", path, {"content": body}, 422, "validation", field)
+        for path, body, field in [
+            ("/v1/models/bert-classification/classify", b'{"inputs": ["x"], "bogus": 1}', "bogus"),
+            (
+                "/v1/models/bert-classification/classify",
+                b'{"inputs": {"text": "a", "text_pair": "b", "x": 1}}',
+                "inputs.x",
+            ),
+            ("/v1/models/bert-classification/classify", b"", "body"),
+            ("/v1/models/bert-classification/classify", b'{"inputs": ["x"], "top_k": true}', "top_k"),
+            ("/v1/models/bert-qa/qa", b'{"inputs": {"question": "q", "context": "c"}, "top_k": "2"}', "top_k"),
+            (
+                "/v1/models/bert-qa/qa",
+                b'{"inputs": {"question": "q", "context": "c"}, "max_seq_len": 1e400}',
+                "max_seq_len",
+            ),
+        ]
+    ],
+    (
+        "POST",
+        "/v1/models/bert-classification/classify",
+        {"content": b'{"inputs": ["x"]}', "headers": {"content-type": "application/x-www-form-urlencoded"}},
+        415,
+        "unsupported_media_type",
+        None,
+    ),
+    ("POST", "/v1/models/bert-classification/classify", {"content": b"[" * 100_000}, 400, "bad_request", None),
 ]
 
 
@@ -141,7 +179,8 @@ BAD_REQUESTS = [
 def test_bad_requests_get_the_right_status_and_one_error_shape(
     tiny_server, method, path, kwargs, status, error_type, field
 ) -> None:
-    headers = {"content-type": "application/json"} if "content" in kwargs else {}
+    kwargs = dict(kwargs)
+    headers = kwargs.pop("headers", None) or ({"content-type": "application/json"} if "content" in kwargs else {})
     with tiny_server.client() as client:
         response = client.request(method, path, headers=headers, **kwargs)
         assert response.status_code == status, response.text

@@ -121,8 +121,8 @@ def sigterm_during_burst(server, model: str) -> list[int | str]:
 def test_sigterm_finishes_admitted_work_then_exits(tiny_repository, server_factory):
     server = server_factory(tiny_repository, "--max-batch-size", "2", "--models", "distilbert-qa")
     results = sigterm_during_burst(server, "distilbert-qa")
-    # uvicorn re-raises the signal once shut down, so the exit status is "terminated by SIGTERM"
-    assert server.process.wait(30) in (0, -signal.SIGTERM)
+    # a drained stop is a clean exit (uvicorn would raise the signal again and die of it: 143)
+    assert server.process.wait(30) == 0
     answered = [r for r in results if isinstance(r, int)]
     assert answered and all(status in (200, 503) for status in answered), results
     assert results.count(200) >= 1

@@ -131,6 +131,48 @@ def test_full_queue_is_refused_at_once() -> None:
     assert error.status_code == 429 and error.headers["Retry-After"]
 
 
+def test_queue_is_bounded_in_time_at_the_measured_cost_per_token() -> None:
+    class PerToken(Recorder):  # 1 ms per token
+        def __call__(self, batch: list[FakeRow]) -> list[str]:
+            self.delay = 0.001 * sum(len(row) for row in batch)
+            return super().__call__(batch)
+
+    async def scenario(batcher, runner, _):
+        assert batcher.expected_wait_s(10_000) == 0  # nothing measured yet: only the row cap applies
+        await batcher.submit(rows("warm", [10] * 8), Ticket.with_timeout(5))
+        measured = batcher.seconds_per_token
+        batcher.max_queue_s = 300 * measured  # 300 tokens of work may wait
+        runner.gate.clear()  # hold the device: one batch runs, one is taken early, the rest queue
+        held = []
+        for k in range(5):  # one at a time, so that the loop takes its batches as a server's would
+            held.append(asyncio.create_task(batcher.submit(rows(f"q{k}-", [10] * 8), Ticket.with_timeout(20))))
+            await asyncio.sleep(0.02)
+        queued_tokens = batcher.expected_wait_s() / measured
+        with pytest.raises(Overloaded, match=r"s of work, over the .* s bound") as refused:
+            await batcher.submit(rows("late", [10] * 8), Ticket.with_timeout(20))
+        small = asyncio.create_task(batcher.submit(rows("small", [10] * 5), Ticket.with_timeout(20)))  # 290: fits
+        runner.gate.set()
+        answers = await asyncio.gather(*held, small)
+        return measured, queued_tokens, refused.value, answers
+
+    measured, queued_tokens, error, answers = run(
+        scenario, runner=PerToken(), max_batch_size=8, max_batch_tokens=80, max_queue_rows=1000
+    )
+    assert 0.0009 <= measured <= 0.003  # 1 ms per token, plus the runner's overhead
+    assert round(queued_tokens) == 240
+    assert error.status_code == 429 and int(error.headers["Retry-After"]) >= 1
+    assert [len(answer) for answer in answers] == [8] * 5 + [5]  # everything admitted is answered
+
+
+def test_an_empty_queue_admits_a_request_longer_than_the_bound() -> None:
+    async def scenario(batcher, runner, _):
+        await batcher.submit(rows("warm", [10] * 8), Ticket.with_timeout(5))
+        return await batcher.submit(rows("big", [10] * 40), Ticket.with_timeout(10))  # ~0.4 s of work
+
+    runner = Recorder(delay=0.01)
+    assert len(run(scenario, runner=runner, max_batch_size=8, max_batch_tokens=80, max_queue_s=0.05)) == 40
+
+
 def test_a_request_larger_than_the_whole_queue_is_refused_as_invalid() -> None:
     async def scenario(batcher, runner, _):
         with pytest.raises(InvalidInput, match="holds at most 10"):
