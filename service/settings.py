@@ -103,13 +103,15 @@ class Settings(BaseSettings):
             )
         if self.cuda_graphs == "on" and self.shape_buckets == "off":
             raise ValueError("cuda_graphs on needs shape buckets (a graph is captured per shape)")
+        if self.request_timeout_s * 1000 <= self.max_wait_ms:
+            raise ValueError("request_timeout_s must be longer than max_wait_ms, or every request times out")
+        if self.max_queue_s >= self.request_timeout_s and "max_queue_s" not in self.model_fields_set:
+            self.max_queue_s = self.request_timeout_s / 2  # a short deadline given alone: keep the default coherent
         if self.max_queue_s >= self.request_timeout_s:
             raise ValueError(
                 f"max_queue_s ({self.max_queue_s:g}) must be below request_timeout_s ({self.request_timeout_s:g}): "
                 "work admitted to wait that long would time out"
             )
-        if self.request_timeout_s * 1000 <= self.max_wait_ms:
-            raise ValueError("request_timeout_s must be longer than max_wait_ms, or every request times out")
         return self
 
     @property

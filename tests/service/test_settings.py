@@ -23,11 +23,17 @@ def test_environment_then_command_line(monkeypatch) -> None:
     assert settings.warmup is False and settings.models == ["a", "b"]
 
 
+def test_a_short_deadline_alone_shortens_the_default_queue_bound() -> None:
+    assert Settings(request_timeout_s=1).max_queue_s == 0.5
+    assert Settings().max_queue_s == 2.0
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"max_batch_tokens": 100, "max_batch_size": 200}, "no batch could ever be full"),
         ({"request_timeout_s": 0.001, "max_wait_ms": 5}, "every request times out"),
+        ({"request_timeout_s": 5, "max_queue_s": 5}, "work admitted to wait that long would time out"),
         ({"port": 70000}, "less than or equal to 65535"),
         ({"device": "tpu"}, "'cpu', 'cuda' or 'auto'"),
         ({"max_queue_rows": 0}, "greater than or equal to 1"),
