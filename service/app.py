@@ -17,9 +17,11 @@ from export.model_config import ModelConfig
 from service.admission import AdmissionGate
 from service.engine_client import Engine, LocalEngine, RemoteEngine
 from service.http_errors import install_error_handlers
+from service.http_server import shared_port_socket
 from service.inference import Inference
 from service.metrics import Metrics
 from service.middleware import AdmissionMiddleware, BodyLimitMiddleware, JsonOnlyMiddleware, MetricsMiddleware
+from service.probes import Heartbeat, ProbeServer
 from service.registry import ModelRegistry, ServedModel
 from service.routes import router
 from service.settings import Settings
@@ -46,6 +48,22 @@ class ServerState:
         if not self.registry.models:
             self.registry.load()
         self.engine.load()
+
+    def readiness(self) -> tuple[int, dict[str, Any]]:
+        """/readyz's verdict (status, body), for the main port and the probe port's thread alike."""
+
+        def unavailable(message: str) -> tuple[int, dict[str, Any]]:
+            return 503, {"error": message, "error_type": "unavailable", "field": None}
+
+        registry = self.registry
+        if self.draining:
+            return unavailable("the server is shutting down")
+        if not self.engine.connected:
+            return unavailable("not ready: the engine is starting or restarting")
+        if not registry.ready:
+            return unavailable(f"not ready; loading: {', '.join(registry.loading) or 'none'}")
+        ready = sorted(m.name for m in list(registry.models.values()) if m.status == "ready")
+        return 200, {"status": "ready", "models": ready, "failed": registry.failed}
 
     def model_info(self, model: ServedModel) -> dict[str, Any]:
         config, engine, s = model.config, model.engine_state, self.settings
@@ -84,11 +102,21 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         server.load()  # done already where `python -m service` started it; StartupError: uvicorn exits non-zero
+        heartbeat = Heartbeat()
+        heartbeat.start()
+        probes = None
+        if settings.probe_port:
+            sock = shared_port_socket(settings.host, settings.probe_port)
+            probes = ProbeServer(sock, heartbeat, server.readiness, settings.liveness_stall_s)
+            probes.start()
         await server.engine.start(on_change=server.registry.sync)
         try:
             yield
         finally:
             server.draining = True
+            heartbeat.stop()
+            if probes is not None:
+                probes.stop()
             await server.engine.stop()
             server.executor.shutdown(wait=False, cancel_futures=True)
 

@@ -15,7 +15,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from service import schemas
 from service.engine.batcher import Ticket
 from service.errors import NotReady
-from service.http_errors import error_response
 from service.inference import Timings
 
 if TYPE_CHECKING:
@@ -38,16 +37,8 @@ async def livez() -> dict[str, str]:
 
 @router.get("/readyz", tags=["probes"], summary="Every model loaded and warmed up, and not draining")
 async def readyz(request: Request) -> JSONResponse:
-    server = state(request)
-    if server.draining:
-        return error_response(503, "unavailable", "the server is shutting down")
-    registry = server.registry
-    if not server.engine.connected:
-        return error_response(503, "unavailable", "not ready: the engine is starting or restarting")
-    if not registry.ready:
-        return error_response(503, "unavailable", f"not ready; loading: {', '.join(registry.loading) or 'none'}")
-    ready = sorted(m.name for m in registry.models.values() if m.status == "ready")
-    return JSONResponse({"status": "ready", "models": ready, "failed": registry.failed})
+    status, body = state(request).readiness()
+    return JSONResponse(body, status_code=status)
 
 
 @router.get("/metrics", tags=["probes"], summary="Prometheus metrics", response_class=PlainTextResponse)

@@ -27,6 +27,16 @@ class Settings(BaseSettings):
     models: list[str] | None = Field(None, description="serve only these entries (comma-separated); default all")
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in a container)")
     port: int = Field(8000, ge=1, le=65535, description="port to listen on")
+    probe_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="a port where a thread of its own answers /livez and /readyz, fast under any load (for "
+        "orchestrator probes); 0: none (the probes are on --port as always)",
+    )
+    liveness_stall_s: float = Field(
+        10.0, gt=0, le=3600, description="probe port: /livez fails once the event loop has not run for this long"
+    )
     device: Literal["cpu", "cuda", "auto"] = Field(
         "auto", description="cuda: CUDA provider with the fp16 variant (CPU fallback if absent); auto: cuda if present"
     )
@@ -103,6 +113,10 @@ class Settings(BaseSettings):
             )
         if self.cuda_graphs == "on" and self.shape_buckets == "off":
             raise ValueError("cuda_graphs on needs shape buckets (a graph is captured per shape)")
+        if self.probe_port and self.probe_port == self.port:
+            raise ValueError(
+                f"probe_port ({self.probe_port}) must differ from port: the probes need a port of their own"
+            )
         if self.request_timeout_s * 1000 <= self.max_wait_ms:
             raise ValueError("request_timeout_s must be longer than max_wait_ms, or every request times out")
         if self.max_queue_s >= self.request_timeout_s and "max_queue_s" not in self.model_fields_set:
