@@ -74,8 +74,8 @@ class AdmissionMiddleware:
             self.on_refused()
             wait = gate.expected_wait_s()
             message = (
-                f"the server is at capacity: {gate.in_flight} requests in flight would take about {wait:.1f} s, "
-                f"over the {gate.max_queue_s:g} s bound (--max-queue-s); retry shortly"
+                f"the server is at capacity: {gate.in_flight} requests in flight, about {wait:.1f} s of work, would "
+                f"leave a new one no chance to be answered within --max-queue-s {gate.max_queue_s:g}; retry shortly"
             )
             retry = str(gate.retry_after_s()).encode()
             await send_error(send, 429, error_body(message, "overloaded"), [(b"retry-after", retry)])

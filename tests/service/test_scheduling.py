@@ -119,7 +119,9 @@ def sigterm_during_burst(server, model: str) -> list[int | str]:
 
 
 def test_sigterm_finishes_admitted_work_then_exits(tiny_repository, server_factory):
-    server = server_factory(tiny_repository, "--max-batch-size", "2", "--models", "distilbert-qa")
+    server = server_factory(
+        tiny_repository, "--max-batch-size", "2", "--max-queue-s", "25", "--models", "distilbert-qa"
+    )
     results = sigterm_during_burst(server, "distilbert-qa")
     # a drained stop is a clean exit (uvicorn would raise the signal again and die of it: 143)
     assert server.process.wait(30) == 0

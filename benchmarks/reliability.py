@@ -1,0 +1,235 @@
+"""Reliability benchmark: overload, soak and repository faults against a real server process. Prints figures.
+
+    python -m benchmarks.reliability overload [--factor 3] [--seconds 30] [-- SERVER FLAGS...]
+    python -m benchmarks.reliability soak [--minutes 30] [--fraction 0.5]
+    python -m benchmarks.reliability faults
+    python -m benchmarks.reliability all
+
+The model is the real MiniLM SST-2 checkpoint in ../shared/models, exported (fp32) into a work folder once.
+
+- overload: measure the capacity with a closed loop (single SST-2 sentences), then an open loop at `factor` x
+  that rate for `seconds` (a new connection per request, latency from the moment it was due) while /livez is
+  probed every 100 ms; then, 5 s after the load stopped, 20 normal requests one by one. Wanted: only 200 and
+  429 (each 429 with Retry-After), admitted p99 within the queue bound, /livez p99 under 100 ms, normal
+  answers after.
+- soak: an open loop at `fraction` x capacity for `minutes`, RSS of the server's process tree sampled every
+  10 s; growth measured from the end of a warm-up minute. Wanted: no errors, RSS growth under 5%.
+- faults: for each broken repository entry (corrupt ONNX, non-JSON model.json, missing tokenizer, missing
+  variant file) beside a good model, start with --load-failure skip and fail and report what happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks import realdata
+from benchmarks.loadclient import run_load
+from benchmarks.openloop import open_loop, post_request
+from benchmarks.reports import write_report
+from benchmarks.serving import ROOT, ServiceProcess, free_port, start_service
+
+CHECKPOINT = "minilm-bert-sst2"
+PATH = f"/v1/models/{CHECKPOINT}/classify"
+
+
+def exported_repository(workdir: Path) -> Path:
+    repository = workdir / "models"
+    if not (repository / CHECKPOINT / "model.json").exists():
+        checkpoint = realdata.SHARED / "models" / CHECKPOINT
+        flags = ["--name", CHECKPOINT, "--repository", str(repository), "--variants", "fp32", "--quiet"]
+        subprocess.run(
+            [sys.executable, "-m", "export", str(checkpoint), *flags],
+            check=True,
+            cwd=ROOT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+    return repository
+
+
+def sentences() -> list[str]:
+    return [text for text, _ in realdata.sst2()]
+
+
+def capacity(server: ServiceProcess, texts: list[str], seconds: float = 10.0) -> float:
+    """Requests a second the server answers to a closed loop of 8 clients sending one sentence each."""
+    run_load(server.url, PATH, [{"inputs": [t]} for t in texts[:64]], [1] * 64, clients=8, seconds=3)  # warm
+    result = run_load(server.url, PATH, [{"inputs": [t]} for t in texts], [1] * len(texts), clients=8, seconds=seconds)
+    return result.requests_per_s
+
+
+def rss_tree_mb(pid: int) -> float:
+    """Resident memory of a process and its descendants (process mode: launcher, engine, front-ends)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        todo.extend(int(c) for c in children)
+    return total / 1024
+
+
+def normal_after(server: ServiceProcess, texts: list[str], count: int = 20) -> dict:
+    statuses, latencies = [], []
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for text in texts[:count]:
+            started = time.perf_counter()
+            statuses.append(client.post(PATH, json={"inputs": [text]}).status_code)
+            latencies.append(time.perf_counter() - started)
+    return {"all_200": all(s == 200 for s in statuses), "max_ms": round(1000 * max(latencies), 1)}
+
+
+def overload(workdir: Path, factor: float, seconds: float, server_args: list[str]) -> dict:
+    repository = exported_repository(workdir)
+    texts = sentences()
+    log_path = workdir / "overload-server.log"
+    probe_port = free_port()
+    server = start_service(repository, "--probe-port", str(probe_port), *server_args, log_path=log_path)
+    try:
+        rate = capacity(server, texts)
+        print(f"capacity (closed loop, 8 clients): {rate:.0f} requests/s; open loop at {rate * factor:.0f}/s")
+        host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
+        requests = [post_request(host, PATH, json.dumps({"inputs": [t]}).encode()) for t in texts]
+        result = asyncio.run(open_loop(host, port, requests, rate * factor, seconds, probe_port=probe_port))
+        summary = {"capacity_per_s": round(rate, 1), "server_args": server_args, **result.summary()}
+        time.sleep(5)
+        summary["after_5_s"] = normal_after(server, texts)
+        summary["server_alive"] = server.process.poll() is None
+    finally:
+        server.stop()
+    return summary
+
+
+def soak(workdir: Path, minutes: float, fraction: float, server_args: list[str]) -> dict:
+    repository = exported_repository(workdir)
+    texts = sentences()
+    server = start_service(repository, *server_args, log_path=workdir / "soak-server.log")
+    try:
+        rate = capacity(server, texts) * fraction
+        host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
+        requests = [post_request(host, PATH, json.dumps({"inputs": [t]}).encode()) for t in texts]
+        samples: list[tuple[float, float]] = []
+        statuses: dict[int, int] = {}
+        started = time.perf_counter()
+        warm_up_s = 60.0
+        while (elapsed := time.perf_counter() - started) < minutes * 60:
+            chunk = min(10.0, minutes * 60 - elapsed)
+            result = asyncio.run(open_loop(host, port, requests, rate, chunk, probe_every_s=1.0))
+            for status, count in result.statuses().items():
+                statuses[status] = statuses.get(status, 0) + count
+            samples.append((time.perf_counter() - started, rss_tree_mb(server.process.pid)))
+            print(f"  {samples[-1][0]:6.0f} s  RSS {samples[-1][1]:7.1f} MB  statuses {statuses}", flush=True)
+        after_warm = [rss for t, rss in samples if t >= warm_up_s] or [samples[-1][1]]
+        growth = (after_warm[-1] - after_warm[0]) / after_warm[0]
+        return {
+            "rate_per_s": round(rate, 1),
+            "minutes": minutes,
+            "statuses": statuses,
+            "rss_mb_after_warm_up": round(after_warm[0], 1),
+            "rss_mb_end": round(after_warm[-1], 1),
+            "rss_mb_max": round(max(rss for _, rss in samples), 1),
+            "rss_growth_pct": round(100 * growth, 2),
+        }
+    finally:
+        server.stop()
+
+
+FAULTS = {
+    "corrupt ONNX": lambda entry: (entry / "model.fp32.onnx").write_bytes(b"\x08\x07not a model" * 100),
+    "non-JSON model.json": lambda entry: (entry / "model.json").write_text("{ this is not json"),
+    "missing tokenizer": lambda entry: (entry / "tokenizer.json").unlink(),
+    "missing variant file": lambda entry: (entry / "model.fp32.onnx").unlink(),
+}
+
+
+def faults(workdir: Path) -> list[dict]:
+    good = exported_repository(workdir) / CHECKPOINT
+    rows = []
+    for fault, breaks in FAULTS.items():
+        for policy in ("skip", "fail"):
+            repository = Path(tempfile.mkdtemp(prefix="faults-", dir=workdir))
+            shutil.copytree(good, repository / "good")
+            shutil.copytree(good, repository / "broken")
+            breaks(repository / "broken")
+            log_path = repository / "server.log"
+            server = start_service(repository, "--load-failure", policy, log_path=log_path, wait=False)
+            row = {"fault": fault, "policy": policy}
+            try:
+                row.update(_fault_outcome(server))
+            finally:
+                server.stop()
+            print(f"  {fault:<22} {policy:<5} {row['verdict']}", flush=True)
+            rows.append(row)
+            shutil.rmtree(repository, ignore_errors=True)
+    return rows
+
+
+def _fault_outcome(server: ServiceProcess) -> dict:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            errors = [line for line in server.log().splitlines() if line.startswith("error:")]
+            traceback = "Traceback" in server.log()
+            return {
+                "verdict": f"exit {server.process.returncode}: {errors[-1] if errors else 'no error line'}"
+                + (" (traceback printed)" if traceback else ""),
+            }
+        try:
+            ready = httpx.get(server.url + "/readyz", timeout=2)
+        except httpx.TransportError:
+            time.sleep(0.2)
+            continue
+        if ready.status_code == 200:
+            body = ready.json()
+            good = httpx.post(server.url + "/v1/models/good/classify", json={"inputs": ["fine"]}, timeout=10)
+            broken = httpx.post(server.url + "/v1/models/broken/classify", json={"inputs": ["fine"]}, timeout=10)
+            return {
+                "verdict": f"serves good ({good.status_code}); broken reported failed "
+                f"({'broken' in body.get('failed', [])}), its requests {broken.status_code} "
+                f"{broken.json().get('error_type')}",
+            }
+        time.sleep(0.2)
+    return {"verdict": "neither ready nor exited in 120 s"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("phase", choices=["overload", "soak", "faults", "all"])
+    parser.add_argument("--factor", type=float, default=3.0, help="overload: offered load / capacity")
+    parser.add_argument("--seconds", type=float, default=30.0, help="overload: length of the open loop")
+    parser.add_argument("--minutes", type=float, default=30.0, help="soak: length")
+    parser.add_argument("--fraction", type=float, default=0.5, help="soak: offered load / capacity")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bertserve-reliability")
+    parser.add_argument("server_args", nargs="*", help="flags for python -m service (after --)")
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    report: dict = {}
+    if args.phase in ("overload", "all"):
+        report["overload"] = overload(args.workdir, args.factor, args.seconds, args.server_args)
+        print(json.dumps(report["overload"], indent=2))
+    if args.phase in ("faults", "all"):
+        report["faults"] = faults(args.workdir)
+    if args.phase in ("soak", "all"):
+        report["soak"] = soak(args.workdir, args.minutes, args.fraction, args.server_args)
+        print(json.dumps(report["soak"], indent=2))
+    write_report("reliability", report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
