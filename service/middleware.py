@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
+from service.errors import PayloadTooLarge
+from service.http_errors import send_error
 from service.metrics import Metrics
 
 Scope = dict[str, Any]
@@ -57,20 +58,7 @@ class BodyLimitMiddleware:
                 await self._reject(send)
 
     async def _reject(self, send: Callable) -> None:
-        body = json.dumps(
-            {
-                "error": f"the request body is larger than {self.max_bytes} bytes",
-                "error_type": "payload_too_large",
-                "field": None,
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes"))
 
 
 class MetricsMiddleware:
