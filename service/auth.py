@@ -31,6 +31,7 @@ from service.settings import Settings, api_key_problem
 
 log = logging.getLogger("service.auth")
 RECHECK_S = 1.0
+MAX_FILE_BYTES = 1_048_576
 PROBES = frozenset({"/livez", "/readyz"})
 DOCS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 DOCS_PREFIX = "/docs/"
@@ -57,8 +58,8 @@ def read_key_file(path: Path) -> tuple[list[bytes], Signature]:
         raise KeyFileProblem(f"{where} does not exist") from None
     except OSError as exc:
         raise KeyFileProblem(f"{where} cannot be read: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise KeyFileProblem(f"{where} is not a regular file")
         if info.st_mode & 0o007:
@@ -66,9 +67,11 @@ def read_key_file(path: Path) -> tuple[list[bytes], Signature]:
                 f"{where} is open to other users (mode {stat.S_IMODE(info.st_mode):04o}): chmod 600 (or 640) it"
             )
         try:
-            text = handle.read(1_048_576).decode("utf-8")
+            text = os.read(fd, MAX_FILE_BYTES).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise KeyFileProblem(f"{where} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    finally:
+        os.close(fd)
     digests = []
     for number, line in enumerate(text.splitlines(), start=1):
         key = line.split("#", 1)[0].strip()  # a key never holds '#' (api_key_problem)
