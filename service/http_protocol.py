@@ -175,9 +175,11 @@ class HttpProtocol(HttpToolsProtocol):
             if cycle.response_started:  # the app answers already, a body of ours cannot come first
                 self.transport.close()
                 return
+            # the app has (or will have, its task is created) this request: its id and one access line are the
+            # app's, saying what the client got
             in_app = cycle.scope
-            in_app[SCOPE_STATUS] = error.status_code  # its access line (the app's) says what the client got
-        request_id = (in_app or {}).get(SCOPE_REQUEST_ID) or uuid.uuid4().hex
+            in_app[SCOPE_STATUS] = error.status_code
+        request_id = uuid.uuid4().hex if in_app is None else in_app.setdefault(SCOPE_REQUEST_ID, uuid.uuid4().hex)
         body = error_body(error)
         head = [
             STATUS_LINE[error.status_code],
@@ -198,7 +200,7 @@ class HttpProtocol(HttpToolsProtocol):
             error.message,
             extra={"request_id": request_id},
         )
-        if access_log.isEnabledFor(logging.INFO) and SCOPE_REQUEST_ID not in (in_app or {}):
+        if access_log.isEnabledFor(logging.INFO) and in_app is None:
             duration = time.perf_counter() - self._head_started
             log_access(request_id, None, None, error.status_code, duration, self.client)
 

@@ -144,7 +144,8 @@ class RequestContextMiddleware:
             if name == REQUEST_ID_HEADER:
                 raw = value
                 break
-        request_id = request_id_from(raw)
+        # the HTTP protocol may have named the request already (it answered it while the app was starting)
+        request_id = scope.get(SCOPE_REQUEST_ID) or request_id_from(raw)
         # Not reset afterwards: the request has a task of its own (uvicorn), and uvicorn's own lines about it
         # ("Exception in ASGI application") come after this returns.
         REQUEST_ID.set(request_id)
