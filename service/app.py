@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
 from export import __version__
@@ -23,7 +22,7 @@ from service.http_errors import install_error_handlers
 from service.inference import Inference
 from service.logs import REQUEST_ID_HEADER, RequestContextMiddleware
 from service.metrics import Metrics
-from service.middleware import BodyLimitMiddleware, MetricsMiddleware
+from service.middleware import BodyLimitMiddleware, JsonCorsMiddleware, MetricsMiddleware
 from service.registry import ModelRegistry, ServedModel
 from service.routes import router
 from service.settings import Settings
@@ -130,7 +129,7 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
         document_bearer_auth(app, paths)
     if settings.cors_allow_origins:
         app.add_middleware(
-            CORSMiddleware,
+            JsonCorsMiddleware,
             allow_origins=settings.cors_allow_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["authorization", "content-type", REQUEST_ID_HEADER.decode()],

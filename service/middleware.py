@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: the request body limit, and per-request metrics."""
+"""Pure ASGI middleware: the request body limit, per-request metrics, and CORS with the one error body."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+
 from service.errors import PayloadTooLarge
-from service.http_errors import send_error
+from service.http_errors import error_response, send_error
 from service.metrics import Metrics
 
 Scope = dict[str, Any]
@@ -91,3 +95,16 @@ class MetricsMiddleware:
             endpoint = parts[4] if len(parts) > 4 and parts[4] in ("classify", "ner", "qa") else "info"
             self.metrics.requests.labels(model, endpoint, str(status)).inc()
             self.metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
+
+
+class JsonCorsMiddleware(CORSMiddleware):
+    """Starlette's CORS (only installed with --cors-allow-origins); a refused preflight answers the error body,
+    not Starlette's plain text."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        message = f"CORS preflight refused: {bytes(response.body).decode()}"
+        headers = {k: v for k, v in response.headers.items() if k.startswith("access-control-") or k == "vary"}
+        return error_response(400, "bad_request", message, headers=headers)
