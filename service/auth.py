@@ -93,7 +93,9 @@ def _signature(info: os.stat_result) -> Signature:
 class ApiKeys:
     """The keys in force: those of the settings, and those of the key file as last read successfully."""
 
-    def __init__(self, keys: Iterable[str] = (), file: Path | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, keys: Iterable[str] = (), file: Path | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._fixed = [digest(key) for key in keys]
         self._file = file
         self._from_file: list[bytes] = []
@@ -162,7 +164,7 @@ class AuthMiddleware:
     """401 with the error body (and `WWW-Authenticate: Bearer`) for any request without a valid key, except on
     the open paths."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys, open_paths: frozenset[str], open_prefixes: tuple[str, ...]):
+    def __init__(self, app: ASGIApp, keys: ApiKeys, open_paths: frozenset[str], open_prefixes: tuple[str, ...]) -> None:
         self.app = app
         self.keys = keys
         self.open_paths = open_paths

@@ -82,10 +82,8 @@ class HttpProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            # websockets are off (ws="none"): an Upgrade request (websocket, h2c) is answered as plain HTTP/1.1,
+            # without uvicorn's warning about installing a websocket library
             return
         except httptools.HttpParserError:
             self._refuse(self._refusal or BadRequest("the request is not valid HTTP/1.1"))

@@ -229,6 +229,22 @@ def test_within_the_limits_is_served(hardened) -> None:
         assert client.get("/livez", headers={f"x-h{i}": "v" * 90 for i in range(120)}).status_code == 200
 
 
+def test_upgrade_requests_are_answered_as_plain_http(hardened) -> None:
+    """No websocket or h2c here: an Upgrade request gets its plain HTTP/1.1 answer, and no warning."""
+    for upgrade in (b"h2c", b"websocket"):
+        request = b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: " + upgrade + b"\r\n\r\n"
+        with socket.create_connection(address(hardened), timeout=5) as sock:
+            sock.sendall(request)
+            received = b""
+            while b"\r\n\r\n" not in received or not received.endswith(b"}"):
+                chunk = sock.recv(65536)
+                assert chunk, received
+                received += chunk
+            status, _, body = parse(received)
+        assert (status, json.loads(body)) == (200, {"status": "alive"})
+    assert "Unsupported upgrade request" not in hardened.log()
+
+
 def test_request_ids_are_accepted_when_sane_generated_otherwise_and_always_returned(hardened) -> None:
     with httpx.Client(base_url=hardened.url, timeout=30) as client:
         cases = [
