@@ -6,21 +6,26 @@ used) hands over to the launcher: one engine process and `--frontends` front-end
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from pydantic import ValidationError
 
 from service.app import create_app
+from service.auth import ApiKeys, open_paths
 from service.http_server import serve
 from service.launcher import Launcher, resolve_engine_mode
 from service.repository import StartupError, discover
 from service.settings import settings_from_cli
+
+log = logging.getLogger("service")
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from_cli(sys.argv[1:] if argv is None else argv)
         discover(settings)  # refuse at once, with the reason, what cannot be served
+        keys = ApiKeys.from_settings(settings)  # and a key file that cannot be used
     except ValidationError as exc:
         for error in exc.errors():
             where = ".".join(str(part) for part in error["loc"]) or "settings"
@@ -30,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     settings.configure_logging()
+    if keys.enabled:
+        log.info(
+            "API keys: %d in force; open without a key: %s", keys.count, ", ".join(sorted(open_paths(settings)[0]))
+        )
     if resolve_engine_mode(settings) == "process":
         return Launcher(settings).run()
     app = create_app(settings)

@@ -11,22 +11,40 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from export import __version__
 from export.model_config import ModelConfig
 from service.admission import AdmissionGate
+from service.auth import ApiKeys, AuthMiddleware, open_paths
+from service.docs import document_bearer_auth, install_docs
 from service.engine_client import Engine, LocalEngine, RemoteEngine
 from service.http_errors import install_error_handlers
 from service.http_server import shared_port_socket
 from service.inference import Inference
+from service.logs import REQUEST_ID_HEADER, RequestContextMiddleware
 from service.metrics import Metrics
-from service.middleware import AdmissionMiddleware, BodyLimitMiddleware, JsonOnlyMiddleware, MetricsMiddleware
+from service.middleware import (
+    AdmissionMiddleware,
+    BodyLimitMiddleware,
+    JsonCorsMiddleware,
+    JsonOnlyMiddleware,
+    MetricsMiddleware,
+)
 from service.probes import Heartbeat, ProbeServer
 from service.registry import ModelRegistry, ServedModel
 from service.routes import router
 from service.settings import Settings
 
 log = logging.getLogger("service")
+TIMING_HEADERS = (
+    "x-total-time-ms",
+    "x-tokenization-time-ms",
+    "x-queue-time-ms",
+    "x-inference-time-ms",
+    "x-inference-calls",
+    "x-rows",
+)
 
 
 class ServerState:
@@ -94,9 +112,21 @@ class ServerState:
         }
 
 
+class BertServeApp(FastAPI):
+    """FastAPI with one layer outside all of Starlette's, its 500 handler included: every response, whatever
+    answered it, carries the request's id, and every request gets its access line (`service.logs`)."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return RequestContextMiddleware(super().build_middleware_stack())
+
+
 def create_app(settings: Settings | None = None, engine_socket: Path | None = None) -> FastAPI:
-    """The whole server; with `engine_socket`, a front-end of an engine process listening there."""
+    """The whole server; with `engine_socket`, a front-end of an engine process listening there.
+
+    Layers, outermost first: request id and access log; FastAPI's 500 handler; CORS (only with
+    --cors-allow-origins); API keys (only with keys set); the body limit; metrics; the routes."""
     settings = settings or Settings()
+    keys = ApiKeys.from_settings(settings)  # StartupError where the key file cannot be used
     server = ServerState(settings, engine_socket)
 
     @contextlib.asynccontextmanager
@@ -120,20 +150,38 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
             await server.engine.stop()
             server.executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(
+    app = BertServeApp(
         title="bertserve",
         version=__version__,
         description="Sequence classification, NER and extractive QA with fine-tuned BERT-family encoders on "
         "ONNX Runtime, with dynamic batching. Errors share one body: {error, error_type, field}.",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's own pages load their scripts from a CDN: service.docs serves them here
+        redoc_url=None,
+        openapi_url="/openapi.json" if settings.docs == "on" else None,
     )
     app.state.server = server
     install_error_handlers(app)
     app.include_router(router)
+    if settings.docs == "on":
+        install_docs(app, app.title)
     app.add_middleware(AdmissionMiddleware, gate=server.admission)
     app.add_middleware(JsonOnlyMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=server.metrics, known_models=lambda: set(server.registry.models))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if keys.enabled:
+        paths, prefixes = open_paths(settings)
+        app.add_middleware(AuthMiddleware, keys=keys, open_paths=paths, open_prefixes=prefixes)
+        document_bearer_auth(app, paths)
+    if settings.cors_allow_origins:
+        app.add_middleware(
+            JsonCorsMiddleware,
+            allow_origins=settings.cors_allow_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type", REQUEST_ID_HEADER.decode()],
+            expose_headers=[REQUEST_ID_HEADER.decode(), *TIMING_HEADERS, "retry-after"],
+            max_age=600,
+        )
     return app
 
 

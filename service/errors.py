@@ -20,6 +20,30 @@ class BadRequest(ServiceError):
     error_type = "bad_request"
 
 
+class Unauthorized(ServiceError):
+    """No API key, or not one of the server's (`service.auth`)."""
+
+    status_code = 401
+    error_type = "unauthorized"
+
+
+class RequestTimeout(ServiceError):
+    """The request's line and headers (or its body) did not arrive in time (`service.http_protocol`)."""
+
+    status_code = 408
+    error_type = "request_timeout"
+
+
+class UriTooLong(ServiceError):
+    status_code = 414
+    error_type = "uri_too_long"
+
+
+class HeadersTooLarge(ServiceError):
+    status_code = 431
+    error_type = "headers_too_large"
+
+
 class WrongTask(ServiceError):
     status_code = 400
     error_type = "wrong_task"
@@ -33,6 +57,11 @@ class ModelNotFound(ServiceError):
 class PayloadTooLarge(ServiceError):
     status_code = 413
     error_type = "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status_code = 415
+    error_type = "unsupported_media_type"
 
 
 class InvalidInput(ServiceError):

@@ -1,8 +1,14 @@
-"""Every error, ours or the framework's, answered with one body shape: {"error", "error_type", "field"}."""
+"""Every error, ours or the framework's, answered with one body shape: {"error", "error_type", "field"}.
+
+The same body is written by FastAPI's handlers (below), by the pure ASGI middleware (`send_error`: 401, 413) and
+by the HTTP protocol itself before any ASGI app runs (`error_body`: malformed HTTP 400, 408, 414, 431).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -19,9 +25,29 @@ INVALID_JSON = "the request body is not valid JSON (UTF-8)"
 STARLETTE_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
+def error_content(error_type: str, message: str, field: str | None = None) -> dict[str, Any]:
+    return {"error": message, "error_type": error_type, "field": field}
+
+
 def error_response(status: int, error_type: str, message: str, field: str | None = None, headers=None) -> JSONResponse:
-    body = {"error": message, "error_type": error_type, "field": field}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(error_content(error_type, message, field), status_code=status, headers=headers)
+
+
+def error_body(exc: ServiceError) -> bytes:
+    """The JSON body of a domain error, as FastAPI's handlers would write it."""
+    return json.dumps(error_content(exc.error_type, exc.message, exc.field)).encode()
+
+
+async def send_error(send: Callable[[dict[str, Any]], Awaitable[None]], exc: ServiceError, close: bool = True) -> None:
+    """Answer a domain error from pure ASGI middleware (outside FastAPI's handlers); `close`: and close the
+    connection (the request's body, if any, is left unread)."""
+    body = error_body(exc)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in exc.headers.items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def install_error_handlers(app: FastAPI) -> None:

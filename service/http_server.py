@@ -8,6 +8,7 @@ import socket
 import uvicorn
 from fastapi import FastAPI
 
+from service.http_protocol import HttpLimits, protocol_class
 from service.settings import Settings
 
 
@@ -35,11 +36,22 @@ def _find_state(app: object) -> object | None:
 
 def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> bool:
     """Run until SIGTERM/SIGINT; False where the server never started (a start-up error, already reported)."""
+    limits = HttpLimits(
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_url_bytes=settings.max_url_bytes,
+        max_header_bytes=settings.max_header_bytes,
+    )
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=protocol_class(limits),  # httptools with header/body deadlines, size limits, JSON errors
+        ws="none",
         log_level=settings.log_level,
+        log_config=None,  # uvicorn's lines go through the server's one handler (request ids, one format)
+        access_log=False,  # the app writes its own (service.logs), with the request id
+        timeout_keep_alive=settings.keepalive_timeout_s,  # type: ignore[arg-type]  # a float works
         timeout_graceful_shutdown=int(settings.drain_timeout_s) or None,
         proxy_headers=False,
         server_header=False,

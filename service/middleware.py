@@ -1,13 +1,19 @@
-"""Pure ASGI middleware: the request body limit, admission by time, and per-request metrics."""
+"""Pure ASGI middleware: the request body limit, JSON only, admission by time, per-request metrics, and CORS
+with the one error body."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+
 from service.admission import AdmissionGate
+from service.errors import Overloaded, PayloadTooLarge, UnsupportedMediaType
+from service.http_errors import error_response, send_error
 from service.metrics import Metrics
 
 Scope = dict[str, Any]
@@ -20,17 +26,6 @@ class BodyTooLarge(Exception):
 
 
 INFERENCE_ENDPOINTS = ("classify", "ner", "qa")
-
-
-def error_body(message: str, error_type: str) -> bytes:
-    """The one error body shape, for answers given before the app (and its exception handlers) is reached."""
-    return json.dumps({"error": message, "error_type": error_type, "field": None}).encode()
-
-
-async def send_error(send: Callable, status: int, body: bytes, extra: list[tuple[bytes, bytes]]) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def is_inference(path: str) -> bool:
@@ -52,7 +47,7 @@ class JsonOnlyMiddleware:
             if media != b"application/json" and not media.endswith(b"+json"):
                 shown = media.decode("latin-1")[:100]
                 message = f"the body must be JSON (Content-Type: application/json), not {shown or 'empty'}"
-                await send_error(send, 415, error_body(message, "unsupported_media_type"), [])
+                await send_error(send, UnsupportedMediaType(message))
                 return
         await self.app(scope, receive, send)
 
@@ -77,8 +72,7 @@ class AdmissionMiddleware:
                 f"the server is at capacity: {gate.in_flight} requests in flight, about {wait:.1f} s of work, would "
                 f"leave a new one no chance to be answered within --max-queue-s {gate.max_queue_s:g}; retry shortly"
             )
-            retry = str(gate.retry_after_s()).encode()
-            await send_error(send, 429, error_body(message, "overloaded"), [(b"retry-after", retry)])
+            await send_error(send, Overloaded(message, retry_after_s=gate.retry_after_s()))
             return
         status = 500
 
@@ -161,8 +155,7 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
     async def _reject(self, send: Callable) -> None:
-        body = error_body(f"the request body is larger than {self.max_bytes} bytes", "payload_too_large")
-        await send_error(send, 413, body, [(b"connection", b"close")])
+        await send_error(send, PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes"))
 
 
 class MetricsMiddleware:
@@ -195,3 +188,16 @@ class MetricsMiddleware:
             endpoint = parts[4] if len(parts) > 4 and parts[4] in INFERENCE_ENDPOINTS else "info"
             self.metrics.requests.labels(model, endpoint, str(status)).inc()
             self.metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
+
+
+class JsonCorsMiddleware(CORSMiddleware):
+    """Starlette's CORS (only installed with --cors-allow-origins); a refused preflight answers the error body,
+    not Starlette's plain text."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        message = f"CORS preflight refused: {bytes(response.body).decode()}"
+        headers = {k: v for k, v in response.headers.items() if k.startswith("access-control-") or k == "vary"}
+        return error_response(400, "bad_request", message, headers=headers)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "BERTSERVE_"
 
@@ -21,6 +21,7 @@ class Settings(BaseSettings):
         cli_kebab_case=True,
         cli_implicit_flags=True,
         extra="forbid",
+        hide_input_in_errors=True,  # an error about an API key must never print the key
     )
 
     repository: Path = Field(Path("models"), description="model repository: one folder per model")
@@ -104,6 +105,80 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(30.0, ge=0, le=3600, description="on SIGTERM, longest wait for work in flight")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 
+    # --- Security and HTTP hardening: API keys, CORS, docs, HTTP timeouts and limits, request logs ---------------
+    api_keys: Annotated[list[str] | None, NoDecode] = Field(
+        None,
+        repr=False,
+        description="API keys, comma-separated: every request but /livez and /readyz then needs "
+        "`Authorization: Bearer KEY` with one of them (at least 16 characters of A-Z a-z 0-9 - . _ ~ + / and "
+        "trailing =); prefer the environment or --api-key-file to the command line, which ps shows",
+    )
+    api_key_file: Path | None = Field(
+        None,
+        description="file of API keys, one a line, # comments, not readable by other users; re-read when it "
+        "changes (checked at most once a second): keys rotate without a restart",
+    )
+    metrics_auth: Literal["key", "open"] = Field(
+        "key", description="with API keys: /metrics needs a key, or is open (e.g. to a scraper inside a cluster)"
+    )
+    docs: Literal["on", "off"] = Field(
+        "on", description="/docs (Swagger UI), /redoc and /openapi.json, from local files (no CDN); off: 404"
+    )
+    docs_auth: Literal["key", "open"] = Field(
+        "key", description="with API keys: /docs, /redoc and /openapi.json need a key, or are open"
+    )
+    cors_allow_origins: Annotated[list[str] | None, NoDecode] = Field(
+        None,
+        description="origins allowed to call the API from a browser, comma-separated (https://app.example.com, "
+        "or *); default none: CORS off",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="a request's line and headers must arrive within this of their first byte (of the connection "
+        "for its first request), and a body within --body-timeout-s after them; else the connection is closed",
+    )
+    body_timeout_s: float = Field(60.0, gt=0, le=3600, description="longest wait for a request's whole body")
+    keepalive_timeout_s: float = Field(5.0, gt=0, le=3600, description="idle keep-alive connections close after this")
+    max_url_bytes: int = Field(8192, ge=256, le=1_048_576, description="longest request target; past it 414")
+    max_header_bytes: int = Field(16384, ge=1024, le=1_048_576, description="largest request headers; past it 431")
+    access_log: Literal["off", "text", "json"] = Field(
+        "text",
+        description="one line per request: text, JSON (ts, level, request_id, method, path, status, duration_ms, "
+        "client, model) or off",
+    )
+
+    @field_validator("api_keys", "cors_allow_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        """KEY1,KEY2 from the environment or the command line; a JSON list as the launcher hands settings on."""
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",")]
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _safe_keys(cls, keys: list[str] | None) -> list[str] | None:
+        if keys is None:
+            return None
+        if not any(keys):
+            raise ValueError("set but holds no key (leave it unset for no authentication)")
+        for number, key in enumerate(keys, start=1):
+            problem = api_key_problem(key)
+            if problem:
+                raise ValueError(f"key {number} of {len(keys)} {problem}")
+        return keys
+
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins(cls, origins: list[str] | None) -> list[str] | None:
+        for origin in origins or []:
+            if origin != "*" and not ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin: scheme://host[:port] without a path, or *")
+        return origins
+
     @model_validator(mode="after")
     def _coherent(self) -> Settings:
         if self.max_batch_tokens < self.max_batch_size:
@@ -149,8 +224,11 @@ class Settings(BaseSettings):
         return env
 
     def configure_logging(self) -> None:
-        """One log format for every process of the server (launcher, engine, front-ends)."""
-        logging.basicConfig(level=self.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        """One log format for every process of the server (launcher, engine, front-ends): each line carries the
+        id of the request it was logged for (`service.logs`), and the access log is set up as chosen."""
+        from service.logs import configure_logging
+
+        configure_logging(self.log_level, self.access_log)
 
     @property
     def admission_floor(self) -> int:
@@ -166,6 +244,24 @@ class Settings(BaseSettings):
 for _name, _field in Settings.model_fields.items():
     _field.description = f"{_field.description} [env {ENV_PREFIX}{_name.upper()}]"
 Settings.model_rebuild(force=True)
+
+
+KEY_CHARS = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750's b64token: what a Bearer header carries
+MIN_KEY_CHARS = 16
+MAX_KEY_CHARS = 4096
+NEW_KEY_COMMAND = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+ORIGIN = re.compile(r"https?://[^/\s,]+")
+
+
+def api_key_problem(key: str) -> str | None:
+    """Why `key` is not a safe API key, or None; never says what the key is."""
+    if len(key) < MIN_KEY_CHARS:
+        return f"is {len(key)} characters: at least {MIN_KEY_CHARS} needed (e.g. {NEW_KEY_COMMAND})"
+    if len(key) > MAX_KEY_CHARS:
+        return f"is {len(key)} characters: at most {MAX_KEY_CHARS}"
+    if not KEY_CHARS.fullmatch(key):
+        return "has characters a Bearer token cannot carry: only A-Z a-z 0-9 - . _ ~ + / and trailing ="
+    return None
 
 
 def settings_from_cli(argv: list[str]) -> Settings:

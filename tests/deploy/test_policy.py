@@ -15,7 +15,7 @@ import yaml
 
 from benchmarks.autoscale_simulation import CANDIDATES, HpaSpec
 from benchmarks.scrape import scrape
-from benchmarks.serving import ServiceProcess
+from benchmarks.serving import ServiceProcess, start_service
 from service.settings import Settings
 from tests.deploy.manifests import (
     KUBERNETES,
@@ -215,6 +215,45 @@ def test_the_base_settings_start_a_server(base_settings, deploy_server: ServiceP
     models = httpx.get(deploy_server.url + "/v1/models", timeout=10).json()
     assert "tiny-sst2" in json_names(models)
     assert deploy_server.process.poll() is None
+
+
+def test_api_keys_come_from_an_optional_secret(rendered) -> None:
+    """Every serving container takes BERTSERVE_API_KEYS from the Secret where it exists, and starts without it."""
+    for name, _docs, owner, pod in every_pod(rendered):
+        refs = {
+            item["name"]: item["valueFrom"]
+            for item in serving_container(pod).get("env", [])
+            if item["name"].startswith("BERTSERVE_") and "valueFrom" in item
+        }
+        assert refs == {
+            "BERTSERVE_API_KEYS": {"secretKeyRef": {"name": "bertserve-api-keys", "key": "api-keys", "optional": True}}
+        }, (name, owner)
+        assert "BERTSERVE_API_KEYS" in {f"BERTSERVE_{field.upper()}" for field in Settings.model_fields}
+
+
+def test_with_the_secret_set_the_probes_and_the_scrape_need_no_key(
+    pod_env: dict[str, str], deploy_repository: Path, tmp_path: Path
+) -> None:
+    """The base's settings plus a key, as the Secret gives it: the kubelet's probes and Prometheus (no key) still
+    get their answers; the API asks for the key."""
+    key = "deploy-key-0123456789abcdef"
+    server = start_service(
+        deploy_repository, log_path=tmp_path / "server.log", env={**pod_env, "BERTSERVE_API_KEYS": key}
+    )
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            assert {path: client.get(path).status_code for path in ("/livez", "/readyz", "/metrics")} == {
+                "/livez": 200,
+                "/readyz": 200,
+                "/metrics": 200,
+            }
+            assert client.get("/v1/models").status_code == 401
+            assert client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    finally:
+        server.stop()
+    access = [line for line in server.log().splitlines() if line.startswith("{")]
+    assert len(access) >= 5 and all('"request_id": ' in line for line in access)  # BERTSERVE_ACCESS_LOG=json
+    assert key not in server.log()
 
 
 def json_names(models: dict | list) -> set[str]:

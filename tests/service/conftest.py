@@ -33,9 +33,9 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
     servers: list[Server] = []
     log_dir = tmp_path_factory.mktemp("server-logs")
 
-    def start(repository: Path, *args: str, wait_ready: bool = True) -> Server:
+    def start(repository: Path, *args: str, wait_ready: bool = True, env: dict[str, str] | None = None) -> Server:
         log_path = log_dir / f"server-{len(servers)}.log"
-        server = start_service(repository, "--log-level", "info", *args, log_path=log_path, wait=wait_ready)
+        server = start_service(repository, "--log-level", "info", *args, log_path=log_path, wait=wait_ready, env=env)
         servers.append(server)
         return server
 

@@ -1,0 +1,176 @@
+"""Request ids, the log format and the access log.
+
+- Every request gets an id: the client's `x-request-id` where it is sane (printable ASCII, 1-128 characters), else
+  a new uuid4 hex. It is returned on every response (errors included: 401, 413, 500, and the protocol's own 400,
+  408, 414 and 431) and set in a context variable for the request's task, so every line logged while handling it
+  carries it: `RequestIdFilter` on the one handler every logger reaches writes it into each record.
+- The access log (`--access-log text|json|off`): one line per response, from `RequestContextMiddleware` (the
+  outermost layer of the app, outside even FastAPI's 500 handler) or from the HTTP protocol for requests refused
+  before they reach the app. uvicorn's own access log is always off: no line twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("bertserve_request_id", default=None)
+REQUEST_ID_HEADER = b"x-request-id"
+# Kept in the request's ASGI scope for the HTTP protocol, which may answer a request itself (a body that does not
+# arrive): it then uses the request's id and records the status it sent, and the app's line is the only one.
+SCOPE_REQUEST_ID = "bertserve.request_id"
+SCOPE_STATUS = "bertserve.status"
+MAX_REQUEST_ID_CHARS = 128
+_SANE_ID = re.compile(rb"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+access_log = logging.getLogger("service.access")
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+ASGIApp = Callable[..., Any]
+
+
+def request_id_from(raw: bytes | None) -> str:
+    """The client's id where it is sane, else a new one."""
+    if raw is not None:
+        raw = raw.strip()
+        if len(raw) <= MAX_REQUEST_ID_CHARS and _SANE_ID.fullmatch(raw):
+            return raw.decode("ascii")
+    return uuid.uuid4().hex
+
+
+class RequestIdFilter(logging.Filter):
+    """Gives every record the id of the request it was logged for ("-" outside a request)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = REQUEST_ID.get() or "-"
+        return True
+
+
+class JsonAccessFormatter(logging.Formatter):
+    """One JSON object a line: ts, level, request_id, method, path, status, duration_ms, client, model."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "request_id": getattr(record, "request_id", None),
+            **getattr(record, "access", {}),
+        }
+        return json.dumps(entry, ensure_ascii=True)
+
+
+def configure_logging(level: str, access: str) -> None:
+    """One handler (stderr) for every logger, uvicorn's included (it is started with log_config=None); the access
+    log through it (text) or through its own JSON handler (json), or off."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    _replace_handler(logging.getLogger(), handler)
+    logging.getLogger().setLevel(level.upper())
+    access_log.disabled = access == "off"
+    access_log.setLevel(logging.INFO)
+    if access == "json":
+        json_handler = logging.StreamHandler(sys.stderr)
+        json_handler.addFilter(RequestIdFilter())
+        json_handler.setFormatter(JsonAccessFormatter())
+        _replace_handler(access_log, json_handler)
+        access_log.propagate = False
+    else:
+        _replace_handler(access_log, None)
+        access_log.propagate = True
+
+
+def _replace_handler(logger: logging.Logger, handler: logging.Handler | None) -> None:
+    """Swap the handler this module installed before (if any) for `handler`; others are left alone."""
+    for old in [h for h in logger.handlers if getattr(h, "bertserve", False)]:
+        logger.removeHandler(old)
+    if handler is not None:
+        handler.bertserve = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+
+
+def log_access(
+    request_id: str,
+    method: str | None,
+    path: str | None,
+    status: int,
+    duration_s: float,
+    client: tuple[str, int] | None,
+) -> None:
+    """One access line (the caller checks `access_log.isEnabledFor(logging.INFO)` first, to skip the work)."""
+    parts = path.split("/") if path and path.startswith("/v1/models/") else []  # ['', 'v1', 'models', name, ...]
+    fields = {
+        "method": method,
+        "path": path,
+        "status": status,
+        "duration_ms": round(duration_s * 1000, 2),
+        "client": f"{client[0]}:{client[1]}" if client else None,
+        "model": parts[3] if len(parts) > 3 and parts[3] else None,
+    }
+    # text: the request line JSON-quoted, so that no path can forge a line of its own
+    text = json.dumps(f"{method or '-'} {path or '-'}")
+    access_log.info(
+        "%s %s %d %.2f ms",
+        fields["client"] or "-",
+        text,
+        status,
+        fields["duration_ms"],
+        extra={"request_id": request_id, "access": fields},
+    )
+
+
+class RequestContextMiddleware:
+    """The outermost layer: the request's id (context variable, response header) and its access line."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        raw = None
+        for name, value in scope["headers"]:
+            if name == REQUEST_ID_HEADER:
+                raw = value
+                break
+        # the HTTP protocol may have named the request already (it answered it while the app was starting)
+        request_id = scope.get(SCOPE_REQUEST_ID) or request_id_from(raw)
+        # Not reset afterwards: the request has a task of its own (uvicorn), and uvicorn's own lines about it
+        # ("Exception in ASGI application") come after this returns.
+        REQUEST_ID.set(request_id)
+        scope[SCOPE_REQUEST_ID] = request_id
+        header = (REQUEST_ID_HEADER, request_id.encode("ascii"))
+        started = time.perf_counter()
+        status = 500  # what the client gets if the app raises before answering (uvicorn's 500)
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [h for h in message.get("headers", ()) if h[0].lower() != REQUEST_ID_HEADER]
+                message = {**message, "headers": [*headers, header]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if access_log.isEnabledFor(logging.INFO):
+                log_access(
+                    request_id,
+                    scope.get("method"),
+                    scope.get("path"),
+                    scope.get(SCOPE_STATUS, status),
+                    time.perf_counter() - started,
+                    scope.get("client"),
+                )

@@ -1,0 +1,368 @@
+"""HTTP hardening over raw sockets against real servers: idle and slowloris connections closed by the header
+timeout while the server keeps answering, slow bodies, keep-alive idling, oversized and malformed requests
+answered with the one JSON error body; request ids on every response and in the JSON access log, in both engine
+modes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import selectors
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.logs import TEXT_FORMAT, RequestContextMiddleware, RequestIdFilter
+
+CLASSIFY = "/v1/models/bert-classification/classify"
+HEADER_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 2.0
+KEEPALIVE_S = 1.0
+ACCESS_FIELDS = {"ts", "level", "request_id", "method", "path", "status", "duration_ms", "client", "model"}
+HEX_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def address(server) -> tuple[str, int]:
+    return "127.0.0.1", int(server.url.rsplit(":", 1)[1])
+
+
+def exchange(server, data: bytes, timeout: float = 15.0) -> tuple[bytes, float]:
+    """Send `data` on a new connection and read until the server closes it: (all it sent, seconds it took)."""
+    with socket.create_connection(address(server), timeout=timeout) as sock:
+        started = time.monotonic()
+        sock.sendall(data)
+        received = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            received += chunk
+        return received, time.monotonic() - started
+
+
+def parse(response: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, body
+
+
+def assert_error(response: bytes, status: int, error_type: str) -> dict[str, str]:
+    got, headers, body = parse(response)
+    assert got == status, response[:300]
+    assert headers["content-type"] == "application/json"
+    assert headers["connection"] == "close"
+    assert HEX_ID.fullmatch(headers["x-request-id"])
+    assert int(headers["content-length"]) == len(body)
+    error = json.loads(body)
+    assert set(error) == {"error", "error_type", "field"} and error["error_type"] == error_type
+    return headers
+
+
+def access_lines(server) -> list[dict]:
+    return [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+
+
+def access_line(server, request_id: str, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [line for line in access_lines(server) if line["request_id"] == request_id]
+        if found or time.monotonic() > deadline:
+            assert len(found) == 1, (request_id, found)
+            return found[0]
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def hardened(tiny_repository: Path, server_factory):
+    return server_factory(
+        tiny_repository,
+        "--models",
+        "bert-classification",
+        "--header-timeout-s",
+        str(HEADER_TIMEOUT_S),
+        "--body-timeout-s",
+        str(BODY_TIMEOUT_S),
+        "--keepalive-timeout-s",
+        str(KEEPALIVE_S),
+        "--access-log",
+        "json",
+    )
+
+
+def hold_connections(server, count: int, trickle: bool = True) -> tuple[dict[int, float], dict[int, bytes], list]:
+    """Open `count` connections: a third send nothing, a third part of a request, a third part of a request and
+    then a byte every 0.2 s (slowloris). Returns when the server has closed them all (or after 20 s): when each
+    was closed (seconds after opening) and what the server sent on it, with what the server answered meanwhile."""
+    selector = selectors.DefaultSelector()
+    opened: dict[int, float] = {}
+    sockets: dict[int, socket.socket] = {}
+    for i in range(count):
+        sock = socket.create_connection(address(server))
+        opened[i] = time.monotonic()
+        if i % 3:
+            sock.sendall(b"POST " + CLASSIFY.encode() + b" HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ, i)
+        sockets[i] = sock
+    closed: dict[int, float] = {}
+    sent: dict[int, bytes] = dict.fromkeys(sockets, b"")
+    answers = []
+    last_trickle = time.monotonic()
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        while len(closed) < count and time.monotonic() - min(opened.values()) < 20:
+            for key, _ in selector.select(timeout=0.05):
+                i = key.data
+                try:
+                    chunk = sockets[i].recv(65536)
+                except ConnectionResetError:
+                    chunk = b""
+                if chunk:
+                    sent[i] += chunk
+                else:
+                    closed[i] = time.monotonic() - opened[i]
+                    selector.unregister(sockets[i])
+                    sockets[i].close()
+            if trickle and time.monotonic() - last_trickle > 0.2:
+                last_trickle = time.monotonic()
+                for i, sock in sockets.items():
+                    if i % 3 == 2 and i not in closed:
+                        with contextlib.suppress(OSError):
+                            sock.send(b"a")
+            if len(answers) < 5 and len(closed) < count // 2:  # the server answers while they are held
+                started = time.monotonic()
+                response = client.post(CLASSIFY, json={"inputs": ["fine"]})
+                answers.append((response.status_code, time.monotonic() - started))
+    for i, sock in sockets.items():
+        if i not in closed:
+            sock.close()
+    return closed, sent, answers
+
+
+def test_idle_and_slowloris_connections_are_closed_by_the_header_timeout(hardened) -> None:
+    count = 550  # as many as the probe held for 60 s
+    closed, sent, answers = hold_connections(hardened, count)
+    assert len(closed) == count, f"{count - len(closed)} connections still open after 20 s"
+    times = sorted(closed.values())
+    assert times[0] >= HEADER_TIMEOUT_S - 0.05 and times[-1] <= HEADER_TIMEOUT_S + 2.0, (times[0], times[-1])
+    for i, data in sent.items():
+        if i % 3 == 0:
+            assert data == b"", "a connection that sent nothing is closed without an answer"
+        else:
+            headers = assert_error(data, 408, "request_timeout")
+            assert access_line(hardened, headers["x-request-id"])["status"] == 408
+    assert answers and all(status == 200 and seconds < 2.0 for status, seconds in answers), answers
+    assert httpx.get(hardened.url + "/livez").status_code == 200
+
+
+def test_a_slow_body_gets_408_and_one_access_line(hardened) -> None:
+    head = f"POST {CLASSIFY} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+    response, seconds = exchange(hardened, (head + "x-request-id: slow-body-1\r\n\r\n{").encode())
+    status, headers, body = parse(response)
+    assert status == 408 and json.loads(body)["error_type"] == "request_timeout"
+    assert headers["x-request-id"] == "slow-body-1"  # the app had given the request its id already
+    assert BODY_TIMEOUT_S - 0.05 <= seconds <= BODY_TIMEOUT_S + 2.0
+    line = access_line(hardened, "slow-body-1")
+    assert (line["status"], line["path"], line["model"]) == (408, CLASSIFY, "bert-classification")
+
+
+def test_idle_keep_alive_connections_are_closed(hardened) -> None:
+    response, seconds = exchange(hardened, b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert parse(response)[0] == 200
+    assert KEEPALIVE_S - 0.05 <= seconds <= KEEPALIVE_S + 1.5
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "error_type"),
+    [
+        (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long"),
+        (b"GET /livez?" + b"q" * 8200 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long"),
+        (b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n", 431, "headers_too_large"),
+        (
+            b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 90) for i in range(200)) + b"\r\n",
+            431,
+            "headers_too_large",
+        ),
+        (b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Endless: " + b"e" * 40_000, 431, "headers_too_large"),
+        (b"GET /livez HTTP/1.1\r\nBad Header\r\n\r\n", 400, "bad_request"),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400, "bad_request"),  # TLS to the plain port
+        (b"GET /livez HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello", 400, "bad_request"),
+        (b"POST /livez HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "bad_request"),
+    ],
+    ids=[
+        "url-100k",
+        "query-8k",
+        "header-20k",
+        "headers-200",
+        "header-endless",
+        "malformed",
+        "tls",
+        "two-lengths",
+        "bad-chunk",
+    ],
+)
+def test_oversized_and_malformed_requests_get_the_json_error(hardened, request_bytes, status, error_type) -> None:
+    response, seconds = exchange(hardened, request_bytes)
+    headers = assert_error(response, status, error_type)
+    assert seconds < 1.0  # at once, not at a timeout
+    line = access_line(hardened, headers["x-request-id"])
+    assert line["status"] == status and set(line) == ACCESS_FIELDS
+    assert httpx.get(hardened.url + "/livez").status_code == 200
+
+
+def test_within_the_limits_is_served(hardened) -> None:
+    with httpx.Client(base_url=hardened.url) as client:
+        assert client.get("/livez?" + "q" * 8000).status_code == 200
+        assert client.get("/livez", headers={f"x-h{i}": "v" * 90 for i in range(120)}).status_code == 200
+
+
+def test_upgrade_requests_are_answered_as_plain_http(hardened) -> None:
+    """No websocket or h2c here: an Upgrade request gets its plain HTTP/1.1 answer, and no warning."""
+    for upgrade in (b"h2c", b"websocket"):
+        request = b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: " + upgrade + b"\r\n\r\n"
+        with socket.create_connection(address(hardened), timeout=5) as sock:
+            sock.sendall(request)
+            received = b""
+            while b"\r\n\r\n" not in received or not received.endswith(b"}"):
+                chunk = sock.recv(65536)
+                assert chunk, received
+                received += chunk
+            status, _, body = parse(received)
+        assert (status, json.loads(body)) == (200, {"status": "alive"})
+    assert "Unsupported upgrade request" not in hardened.log()
+
+
+def test_request_ids_are_accepted_when_sane_generated_otherwise_and_always_returned(hardened) -> None:
+    with httpx.Client(base_url=hardened.url, timeout=30) as client:
+        cases = [
+            ("GET", "/livez", None, "trace-7f3a/b:c d", "trace-7f3a/b:c d"),
+            ("GET", "/livez", None, "x" * 128, "x" * 128),
+            ("GET", "/livez", None, "x" * 129, None),
+            ("GET", "/livez", None, "", None),
+            ("GET", "/livez", None, "caf\u00e9".encode(), None),
+            ("GET", "/nowhere", None, "id-404", "id-404"),
+            ("POST", CLASSIFY, {"inputs": []}, "id-422", "id-422"),
+            ("POST", CLASSIFY, {"inputs": ["fine"]}, None, None),
+        ]
+        for method, path, body, sent, expected in cases:
+            headers = {} if sent is None else {"x-request-id": sent}
+            response = client.request(method, path, json=body, headers=headers)
+            returned = response.headers["x-request-id"]
+            if expected is None:
+                assert HEX_ID.fullmatch(returned), (sent, returned)
+            else:
+                assert returned == expected
+            line = access_line(hardened, returned)
+            assert (line["method"], line["path"], line["status"]) == (method, path, response.status_code)
+    head = f"POST {CLASSIFY} HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000\r\nx-request-id: id-413\r\n\r\n"
+    status, headers, _ = parse(exchange(hardened, head.encode())[0])
+    assert status == 413 and headers["x-request-id"] == "id-413"
+    assert access_line(hardened, "id-413")["status"] == 413
+
+
+def test_access_log_is_json_lines_and_only_ours(hardened) -> None:
+    with httpx.Client(base_url=hardened.url, timeout=30) as client:
+        client.post(CLASSIFY, json={"inputs": ["fine", "awful"]}, headers={"x-request-id": "json-line-1"})
+    line = access_line(hardened, "json-line-1")
+    assert set(line) == ACCESS_FIELDS
+    assert line["method"] == "POST" and line["path"] == CLASSIFY and line["status"] == 200
+    assert line["model"] == "bert-classification" and line["level"] == "info"
+    assert line["duration_ms"] > 0 and re.fullmatch(r"127\.0\.0\.1:\d+", line["client"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", line["ts"])
+    log = hardened.log()
+    assert "uvicorn.access" not in log and '"POST /v1/models/bert-classification/classify HTTP/1.1"' not in log
+    assert log.count("json-line-1") == 1  # one line for the request, and no text copy of it
+
+
+def test_text_access_log_carries_the_request_id(tiny_server) -> None:
+    """The default: one text line per request, through the one handler, with the id in its place."""
+    response = httpx.get(tiny_server.url + "/v1/models", headers={"x-request-id": "text-line-1"})
+    assert response.headers["x-request-id"] == "text-line-1"
+    deadline = time.monotonic() + 5
+    while "text-line-1" not in tiny_server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (line,) = [line for line in tiny_server.log().splitlines() if "text-line-1" in line]
+    assert re.search(r' INFO service\.access \[text-line-1\]: 127\.0\.0\.1:\d+ "GET /v1/models" 200 [\d.]+ ms$', line)
+
+
+def test_every_line_logged_for_a_request_carries_its_id() -> None:
+    """Concurrent requests whose handling logs (and awaits in between): each line has its own request's id."""
+    log = logging.getLogger("tests.request-lines")
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = Collect()
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+    async def app(scope, receive, send) -> None:
+        name = scope["path"].strip("/")
+        log.info("start %s", name)
+        await asyncio.sleep(0.01)
+        log.info("end %s", name)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def run() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=RequestContextMiddleware(app))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await asyncio.gather(
+                *(client.get(f"/r{i}", headers={"x-request-id": f"id-{i}"} if i % 2 else {}) for i in range(6))
+            )
+
+    try:
+        responses = asyncio.run(run())
+        log.info("outside any request")
+    finally:
+        log.removeHandler(handler)
+    assert lines.pop().endswith("[-]: outside any request")
+    ids = {f"r{i}": response.headers["x-request-id"] for i, response in enumerate(responses)}
+    assert [ids[f"r{i}"] for i in (1, 3, 5)] == ["id-1", "id-3", "id-5"]
+    assert all(HEX_ID.fullmatch(ids[f"r{i}"]) for i in (0, 2, 4))
+    assert len(lines) == 12
+    for line in lines:
+        name = line.rsplit(" ", 1)[1]
+        assert f"[{ids[name]}]: " in line, line
+
+
+def test_process_mode_front_ends_have_the_same_protocol_and_logs(tiny_repository: Path, server_factory) -> None:
+    server = server_factory(
+        tiny_repository,
+        "--engine-mode",
+        "process",
+        "--frontends",
+        "1",
+        "--models",
+        "bert-classification",
+        "--header-timeout-s",
+        str(HEADER_TIMEOUT_S),
+        "--access-log",
+        "json",
+    )
+    response = httpx.post(server.url + CLASSIFY, json={"inputs": ["fine"]}, headers={"x-request-id": "front-1"})
+    assert response.status_code == 200 and response.headers["x-request-id"] == "front-1"
+    line = access_line(server, "front-1")
+    assert (line["status"], line["model"]) == (200, "bert-classification")
+    closed, sent, _ = hold_connections(server, 30, trickle=False)
+    assert len(closed) == 30 and max(closed.values()) <= HEADER_TIMEOUT_S + 2.0
+    assert_error(sent[1], 408, "request_timeout")
+    response, _ = exchange(server, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert_error(response, 414, "uri_too_long")
