@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serving import ServiceProcess, start_service
+from benchmarks.serving import ServiceProcess, free_port, start_service
 from export.pipeline import export_checkpoint
 from tests.deploy.manifests import KUBECTL, environment, kustomizations, of_kind, render, serving_container
 
@@ -31,10 +31,15 @@ def base_settings(rendered: dict[str, list[dict]]) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def pod_env(base_settings: dict[str, str]) -> dict[str, str]:
-    """The base's settings less those that place the server (address, port, repository), which a test sets."""
-    return {
-        k: v for k, v in base_settings.items() if k.removeprefix("BERTSERVE_") not in ("HOST", "PORT", "REPOSITORY")
-    }
+    """The base's settings less those that place the server (address, ports, repository), which a test sets."""
+    placing = ("HOST", "PORT", "PROBE_PORT", "REPOSITORY")
+    return {k: v for k, v in base_settings.items() if k.removeprefix("BERTSERVE_") not in placing}
+
+
+@pytest.fixture(scope="session")
+def deploy_probe_port() -> int:
+    """The deploy server's probe port (the base sets one; a test takes a free one)."""
+    return free_port()
 
 
 @pytest.fixture(scope="session")
@@ -47,11 +52,12 @@ def deploy_repository(tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="session")
 def deploy_server(
-    pod_env: dict[str, str], deploy_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    pod_env: dict[str, str], deploy_repository: Path, deploy_probe_port: int, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServiceProcess]:
     """A real server on the one-model repository, started with the base's settings (loopback address, a free
     port and a local repository instead of the container's)."""
     log_path: Path = tmp_path_factory.mktemp("deploy-server") / "server.log"
-    server = start_service(deploy_repository, log_path=log_path, env=pod_env)
+    env = {**pod_env, "BERTSERVE_PROBE_PORT": str(deploy_probe_port)}
+    server = start_service(deploy_repository, log_path=log_path, env=env)
     yield server
     server.stop()
