@@ -224,3 +224,25 @@ def test_metrics_are_exposed_in_prometheus_format(tiny_server) -> None:
     assert requests[("unknown", "classify", "404")] >= 1
     info = [s for s in families["bertserve_model_info"].samples if s.labels["model"] == "bert-classification"]
     assert info[0].labels["provider"] == "CPUExecutionProvider" and info[0].labels["variant"] == "fp32"
+
+
+def test_hostile_but_valid_inputs_are_answered(tiny_server) -> None:
+    """Text that is odd but legal (NULs, controls, direction overrides, BOMs, astral and combining characters)
+    and parameter bombs within the schema: answered, not a 5xx, and the server keeps serving."""
+    odd = "a\x00b\x01\x1f \u202e\ufeff\U0001f600 e\u0301" * 50
+    cases = [
+        ("/v1/models/bert-classification/classify", {"inputs": [odd, {"text": odd, "text_pair": "\x00"}]}),
+        ("/v1/models/bert-classification/classify", {"inputs": ["x"], "top_k": 10**30}),
+        ("/v1/models/bert-ner/ner", {"inputs": [odd, "\x00" * 1000]}),
+        (
+            "/v1/models/bert-qa/qa",
+            {"inputs": {"question": "who\x00?", "context": odd}, "top_k": 100, "max_answer_len": 512},
+        ),
+        ("/v1/models/roberta-classification/classify", {"inputs": ["\U0001f600" * 5_000] * 16}),
+    ]
+    with tiny_server.client(timeout=120) as client:
+        for path, body in cases:
+            response = client.post(path, json=body)
+            assert response.status_code == 200, (path, response.text[:300])
+            assert len(response.json()["results"]) == (len(body["inputs"]) if isinstance(body["inputs"], list) else 1)
+        assert client.get("/readyz").status_code == 200
