@@ -28,6 +28,19 @@ class BodyTooLarge(Exception):
 INFERENCE_ENDPOINTS = ("classify", "ner", "qa")
 
 
+class StatusRecorder:
+    """`send`, noting the response's status on the way (500 until a response starts)."""
+
+    def __init__(self, send: Callable) -> None:
+        self._send = send
+        self.status = 500
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
+
+
 def is_inference(path: str) -> bool:
     parts = path.split("/")  # ['', 'v1', 'models', name, endpoint]
     return len(parts) == 5 and parts[1:3] == ["v1", "models"] and parts[4] in INFERENCE_ENDPOINTS
@@ -74,18 +87,11 @@ class AdmissionMiddleware:
             )
             await send_error(send, Overloaded(message, retry_after_s=gate.retry_after_s()))
             return
-        status = 500
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        sent = StatusRecorder(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, sent)
         finally:
-            gate.leave(completed=200 <= status < 300)
+            gate.leave(completed=200 <= sent.status < 300)
 
 
 class BodyLimitMiddleware:
@@ -171,22 +177,15 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        sent = StatusRecorder(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, sent)
         finally:
             parts = scope["path"].split("/")  # ['', 'v1', 'models', name, endpoint?]
             name = parts[3] if len(parts) > 3 else ""
             model = name if name in self.known_models() else "unknown"  # bounded label values
             endpoint = parts[4] if len(parts) > 4 and parts[4] in INFERENCE_ENDPOINTS else "info"
-            self.metrics.requests.labels(model, endpoint, str(status)).inc()
+            self.metrics.requests.labels(model, endpoint, str(sent.status)).inc()
             self.metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
 
 
