@@ -120,8 +120,8 @@ class Inference:
         try:
             params = qa.QaParams(**options)
             params.window(model.max_length)
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from exc
+        except qa.QaInputError as exc:
+            raise InvalidInput(str(exc), field=exc.field) from exc
         self.check_count(len(pairs))
         self.check_texts(
             [
@@ -133,7 +133,7 @@ class Inference:
         timings = Timings()
         features = await self._off_loop(
             timings,
-            lambda: [qa.prepare(model.tokenizer, q, c, params, model.max_length) for q, c in pairs],
+            lambda: qa.prepare_all(model.tokenizer, pairs, params, model.max_length, self.settings.max_qa_windows),
         )
         outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
         per_input = _split(outputs, [len(f.rows) for f in features])
@@ -153,18 +153,19 @@ class Inference:
             try:
                 result = work()
             except ValueError as exc:
-                raise InvalidInput(str(exc)) from exc
+                raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
         else:
             result = await self._checked(work)
         timings.tokenization_s = time.perf_counter() - started
         return result
 
     async def _checked(self, work: Callable[[], T]) -> T:
-        """Run CPU work on the tokenizer pool; a ValueError from a task module is the client's input (422)."""
+        """Run CPU work on the tokenizer pool; a ValueError from a task module is the client's input (422), with
+        the field it names where it names one."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self.executor, work)
         except ValueError as exc:
-            raise InvalidInput(str(exc)) from exc
+            raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
 
     async def _run(self, model: ServedModel, rows: list[Row], ticket: Ticket, timings: Timings) -> list[Any]:
         outputs = await self.engine.infer(model.name, rows, ticket)

@@ -78,6 +78,15 @@ class Settings(BaseSettings):
     token_overflow: Literal["truncate", "error"] = Field(
         "truncate", description="classification inputs longer than the model's window: truncate, or answer 422"
     )
+    # Work and memory per request (issue 10: QA window amplification, memory held after large requests).
+    max_qa_windows: int = Field(
+        1536,
+        ge=1,
+        le=1_000_000,
+        description="most QA windows (model rows) one request may need, counted from the token counts before any "
+        "window is built; past it 422. 1536 = 64 inputs x 24: a 20,000-character English context needs 15-21 "
+        "windows at the default max_seq_len 384 and doc_stride 128",
+    )
     load_failure: Literal["skip", "fail"] = Field(
         "skip", description="a model that fails to load: serve the others and report it, or refuse to start"
     )

@@ -182,6 +182,62 @@ def plan(tokenizer: TextTokenizer, question: str, context: str, params: QaParams
     return WindowPlan(max_seq_len, doc_stride, fixed, context_tokens, windows, whole if windows == 1 else None)
 
 
+def too_many_windows(plans: list[WindowPlan], params: QaParams, model_max_length: int, limit: int) -> QaInputError:
+    """The error for a request whose inputs (`plans`, counted so far) need more than `limit` windows. It names
+    the parameter the client set whose default would have made them fit (doc_stride first), else the inputs."""
+    windows = sum(plan.windows for plan in plans)
+    plan = plans[-1]
+    default_seq_len, default_stride = QaParams().window(model_max_length)
+    reverted = {  # each parameter the client set, back at its default with the other as given
+        "doc_stride": QaParams(max_seq_len=params.max_seq_len).window(model_max_length),
+        "max_seq_len": (default_seq_len, plan.doc_stride if params.doc_stride is not None else default_stride),
+    }
+    field = "inputs"
+    for name, (max_seq_len, doc_stride) in reverted.items():
+        counts = [p.windows_at(max_seq_len, doc_stride) for p in plans]
+        if getattr(params, name) is not None and None not in counts and sum(filter(None, counts)) <= limit:
+            field = name
+            break
+    advance = plan.max_seq_len - plan.fixed - plan.doc_stride
+    message = (
+        f"this request needs at least {windows} windows of max_seq_len {plan.max_seq_len} tokens; the limit is "
+        f"{limit} (max_qa_windows). Input {len(plans) - 1}: {plan.context_tokens} context tokens in "
+        f"{plan.windows} windows, each advancing {advance} tokens (max_seq_len minus {plan.fixed} for the question "
+        f"and special tokens minus doc_stride {plan.doc_stride})"
+    )
+    if field == "inputs":
+        return QaInputError(message + ": send fewer or shorter contexts", field=field)
+    return QaInputError(message + f": {'lower doc_stride' if field == 'doc_stride' else 'raise max_seq_len'}", field)
+
+
+def prepare_all(
+    tokenizer: TextTokenizer,
+    pairs: list[tuple[str, str]],
+    params: QaParams,
+    model_max_length: int,
+    max_windows: int,
+) -> list[QaFeatures]:
+    """Every (question, context) pair's windows, for one request. The windows are counted first (`plan`: one
+    untruncated encoding per pair) and the request is refused as soon as they pass `max_windows`, before any
+    window is built. Errors name the request's field: inputs.I.question, inputs.I.context, a parameter, inputs."""
+    plans: list[WindowPlan] = []
+    windows = 0
+    for index, (question, context) in enumerate(pairs):
+        try:
+            plans.append(plan(tokenizer, question, context, params, model_max_length))
+        except QaInputError as exc:
+            if exc.field in ("question", "context"):
+                raise QaInputError(str(exc), field=f"inputs.{index}.{exc.field}") from exc
+            raise
+        windows += plans[-1].windows
+        if windows > max_windows:
+            raise too_many_windows(plans, params, model_max_length, max_windows)
+    return [
+        prepare(tokenizer, question, context, params, model_max_length, window_plan)
+        for (question, context), window_plan in zip(pairs, plans, strict=True)
+    ]
+
+
 def _window_count(fixed: int, context_tokens: int, max_seq_len: int, doc_stride: int) -> int | None:
     if fixed + context_tokens <= max_seq_len:
         return 1

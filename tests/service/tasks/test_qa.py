@@ -635,3 +635,46 @@ class SpanRecorder:
 
     def add(self, score: float, start: int, end: int, context: str) -> None:
         self.spans.append((score, start, end))
+
+
+def test_a_request_past_the_window_limit_is_refused_before_any_window_is_built(
+    tiny_bert: TorchModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer, question, long_context = tiny_bert.tokenizer, "Who met in Brussels?", LONG_CONTEXT * 30
+    windowed: list[int] = []  # max_length of each encode call that builds windows
+    encode = tokenizer.encode
+
+    def recording(text: str, pair: str | None = None, **options: Any) -> Any:
+        if options.get("max_length") is not None:
+            windowed.append(options["max_length"])
+        return encode(text, pair, **options)
+
+    monkeypatch.setattr(tokenizer, "encode", recording)
+
+    def refused(pairs: list[tuple[str, str]], limit: int, **params: Any) -> qa.QaInputError:
+        with pytest.raises(qa.QaInputError) as caught:
+            qa.prepare_all(tokenizer, pairs, qa.QaParams(**params), 64, limit)
+        return caught.value
+
+    # The request: question "q" (4 tokens with the special tokens) in windows of 9 tokens, the default
+    # stride 4: one context token more per window, thousands of windows; the default windows would fit.
+    error = refused([("q", long_context)] * 64, 1024, max_seq_len=9)
+    assert error.field == "max_seq_len" and "max_qa_windows" in str(error) and "raise max_seq_len" in str(error)
+    assert windowed == []  # refused from the counts: not one window built
+    error = refused([(question, long_context)], 1024, max_seq_len=32, doc_stride=23)  # room 24, advancing 1
+    assert error.field == "doc_stride"
+    # At the default windows too many inputs: the inputs are what to change.
+    default_windows = qa.plan(tokenizer, question, long_context, qa.QaParams(), 64).windows
+    assert default_windows > 20
+    error = refused([(question, long_context)] * 64, 20 * default_windows)
+    assert error.field == "inputs" and f"at least {21 * default_windows} windows" in str(error)
+    assert windowed == []
+    # Within the limit: the windows each pair's own prepare builds.
+    pairs = [(question, long_context), (question, "Peter met Maria in Brussels.")]
+    features = qa.prepare_all(tokenizer, pairs, qa.QaParams(), 64, default_windows + 1)
+    assert [len(f.rows) for f in features] == [default_windows, 1]
+    assert windowed == [64]  # the long context's windows, built once; the short pair fits in its one encoding
+    assert refused(pairs, default_windows).field == "inputs"
+    # Errors of one input name it.
+    assert refused([pairs[1], (question, "")], 1024).field == "inputs.1.context"
+    assert refused([pairs[1], (question * 8, long_context)], 1024).field == "inputs.1.question"
