@@ -130,10 +130,12 @@ class Inference:
                 for part, text in zip(("question", "context"), pair, strict=True)
             ]
         )
-        timings = Timings()
+        timings, s = Timings(), self.settings
         features = await self._off_loop(
             timings,
-            lambda: qa.prepare_all(model.tokenizer, pairs, params, model.max_length, self.settings.max_qa_windows),
+            lambda: qa.prepare_all(
+                model.tokenizer, pairs, params, model.max_length, s.max_qa_windows, s.max_chars_per_input
+            ),
         )
         outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
         per_input = _split(outputs, [len(f.rows) for f in features])

@@ -36,10 +36,12 @@ Errors (QaInputError, a ValueError naming the field to change, where the pipelin
     and doc_stride >= the room left for the context (the pipeline's tokenizer raised or panicked for both; a
     pair that fits in one window never needs a stride, so there they are no error, as in the pipeline).
 
-Cost
-    `plan` counts a pair's windows from one untruncated encoding, before any window is built, so that a caller
-    can refuse a request whose windows would be too many (the server's max_qa_windows); `prepare` then builds
-    them. Merging answers across windows is linear in windows (a dict by folded text).
+Cost (ours: the pipeline had no limits)
+    `plan` counts a pair's windows from one untruncated encoding, before any window is built; `prepare_all`
+    refuses a request whose windows pass a total (the server's max_qa_windows), or one context that needs more
+    windows than the longest context allowed (max_chars_per_input tokens) would at the model's default windows:
+    more can only come from parameters that make each window advance a few tokens (the issue's max_seq_len 9:
+    one token a window). Merging answers across windows is linear in windows (a dict by folded text).
 
 Where ours differs on purpose
     - The result is always a list (the pipeline returns a bare dict when there is one answer).
@@ -187,27 +189,60 @@ def too_many_windows(plans: list[WindowPlan], params: QaParams, model_max_length
     the parameter the client set whose default would have made them fit (doc_stride first), else the inputs."""
     windows = sum(plan.windows for plan in plans)
     plan = plans[-1]
-    default_seq_len, default_stride = QaParams().window(model_max_length)
-    reverted = {  # each parameter the client set, back at its default with the other as given
-        "doc_stride": QaParams(max_seq_len=params.max_seq_len).window(model_max_length),
-        "max_seq_len": (default_seq_len, plan.doc_stride if params.doc_stride is not None else default_stride),
-    }
-    field = "inputs"
-    for name, (max_seq_len, doc_stride) in reverted.items():
-        counts = [p.windows_at(max_seq_len, doc_stride) for p in plans]
-        if getattr(params, name) is not None and None not in counts and sum(filter(None, counts)) <= limit:
-            field = name
-            break
-    advance = plan.max_seq_len - plan.fixed - plan.doc_stride
+    field = _parameter_to_change(plans, params, model_max_length, limit) or "inputs"
     message = (
         f"this request needs at least {windows} windows of max_seq_len {plan.max_seq_len} tokens; the limit is "
-        f"{limit} (max_qa_windows). Input {len(plans) - 1}: {plan.context_tokens} context tokens in "
-        f"{plan.windows} windows, each advancing {advance} tokens (max_seq_len minus {plan.fixed} for the question "
-        f"and special tokens minus doc_stride {plan.doc_stride})"
+        f"{limit} (max_qa_windows). Input {len(plans) - 1}: {_windows_of(plan)}"
     )
-    if field == "inputs":
-        return QaInputError(message + ": send fewer or shorter contexts", field=field)
-    return QaInputError(message + f": {'lower doc_stride' if field == 'doc_stride' else 'raise max_seq_len'}", field)
+    return QaInputError(f"{message}: {_advice(field, 'send fewer or shorter contexts')}", field)
+
+
+def amplified(
+    window_plan: WindowPlan, index: int, params: QaParams, model_max_length: int, max_context_tokens: int
+) -> QaInputError | None:
+    """The error for a context that needs more windows than the longest context allowed (`max_context_tokens`
+    tokens) needs at the model's default windows with the same question: only parameters that multiply the work
+    (windows advancing a few tokens each) get there. None where it does not."""
+    default_seq_len, default_stride = QaParams().window(model_max_length)
+    bound = _window_count(window_plan.fixed, max_context_tokens, default_seq_len, default_stride)
+    if bound is None or window_plan.windows <= bound:
+        return None
+    field = _parameter_to_change([window_plan], params, model_max_length, bound) or f"inputs.{index}.context"
+    message = (
+        f"input {index} needs {window_plan.windows} windows of max_seq_len {window_plan.max_seq_len} tokens: "
+        f"{_windows_of(window_plan)}; a context may need at most {bound}, what the longest context allowed "
+        f"({max_context_tokens} tokens) needs at this model's default windows ({default_seq_len} tokens, doc_stride "
+        f"{default_stride})"
+    )
+    return QaInputError(f"{message}: {_advice(field, 'send a shorter context')}", field)
+
+
+def _windows_of(window_plan: WindowPlan) -> str:
+    advance = window_plan.max_seq_len - window_plan.fixed - window_plan.doc_stride
+    return (
+        f"{window_plan.context_tokens} context tokens in {window_plan.windows} windows, each advancing {advance} "
+        f"tokens (max_seq_len minus {window_plan.fixed} for the question and special tokens minus doc_stride "
+        f"{window_plan.doc_stride})"
+    )
+
+
+def _advice(field: str, otherwise: str) -> str:
+    return {"doc_stride": "lower doc_stride", "max_seq_len": "raise max_seq_len"}.get(field, otherwise)
+
+
+def _parameter_to_change(plans: list[WindowPlan], params: QaParams, model_max_length: int, limit: int) -> str | None:
+    """The parameter the client set whose default would bring `plans` within `limit` windows (doc_stride first,
+    the other as given), None if neither."""
+    default_seq_len, default_stride = QaParams().window(model_max_length)
+    reverted = {
+        "doc_stride": QaParams(max_seq_len=params.max_seq_len).window(model_max_length),
+        "max_seq_len": (default_seq_len, params.doc_stride if params.doc_stride is not None else default_stride),
+    }
+    for name, (max_seq_len, doc_stride) in reverted.items():
+        counts = [plan.windows_at(max_seq_len, doc_stride) for plan in plans]
+        if getattr(params, name) is not None and None not in counts and sum(filter(None, counts)) <= limit:
+            return name
+    return None
 
 
 def prepare_all(
@@ -216,10 +251,13 @@ def prepare_all(
     params: QaParams,
     model_max_length: int,
     max_windows: int,
+    max_context_tokens: int | None = None,
 ) -> list[QaFeatures]:
     """Every (question, context) pair's windows, for one request. The windows are counted first (`plan`: one
-    untruncated encoding per pair) and the request is refused as soon as they pass `max_windows`, before any
-    window is built. Errors name the request's field: inputs.I.question, inputs.I.context, a parameter, inputs."""
+    untruncated encoding per pair) and the request is refused, before any window is built, as soon as they pass
+    `max_windows`, or one context needs more than the longest context allowed (`max_context_tokens`) would at
+    the default windows (`amplified`). Errors name the request's field: inputs.I.question, inputs.I.context,
+    max_seq_len, doc_stride, inputs."""
     plans: list[WindowPlan] = []
     windows = 0
     for index, (question, context) in enumerate(pairs):
@@ -229,6 +267,10 @@ def prepare_all(
             if exc.field in ("question", "context"):
                 raise QaInputError(str(exc), field=f"inputs.{index}.{exc.field}") from exc
             raise
+        if max_context_tokens is not None:
+            error = amplified(plans[-1], index, params, model_max_length, max_context_tokens)
+            if error is not None:
+                raise error
         windows += plans[-1].windows
         if windows > max_windows:
             raise too_many_windows(plans, params, model_max_length, max_windows)

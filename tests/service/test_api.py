@@ -177,22 +177,23 @@ QA_CONTEXT = ("The committee will meet again in Geneva next week to review the b
     :20_000
 ]
 QA_LIMITS = [
-    # (inputs, parameters, field): each refused, with the field to change, before its windows are built
-    ([("q", QA_CONTEXT)], {"max_seq_len": 9}, "max_seq_len"),  # the issue's request: one context token a window
-    ([("q", QA_CONTEXT)], {"max_seq_len": 32, "doc_stride": 28}, "doc_stride"),  # 28 tokens of room: no advance
-    ([("q", QA_CONTEXT)], {"max_seq_len": 32, "doc_stride": 27}, "doc_stride"),  # advancing 1 token a window
-    ([("who " * 70, QA_CONTEXT)], {}, "inputs.0.question"),  # the question fills the default window
-    ([("q", QA_CONTEXT)] * 64, {}, "inputs"),  # 64 legal contexts, in thousands of windows of 64 tokens
+    # (inputs, parameters, field, in the message): each refused, naming what to change, before windows are built
+    ([("q", QA_CONTEXT)], {"max_seq_len": 9}, "max_seq_len", "a context may need at most"),  # the issue's request
+    ([("q", QA_CONTEXT)], {"max_seq_len": 32, "doc_stride": 28}, "doc_stride", "room left"),  # no advance at all
+    ([("q", QA_CONTEXT)], {"max_seq_len": 32, "doc_stride": 27}, "doc_stride", "a context may need"),  # 1 a window
+    ([("who " * 70, QA_CONTEXT)], {}, "inputs.0.question", "no room"),  # the question fills the default window
+    ([("q", QA_CONTEXT)] * 64, {}, "inputs", "max_qa_windows"),  # 64 legal contexts: thousands of windows of 64
 ]
 
 
-@pytest.mark.parametrize(("pairs", "params", "field"), QA_LIMITS)
-def test_qa_work_is_refused_before_it_is_done(tiny_server, pairs, params, field) -> None:
+@pytest.mark.parametrize(("pairs", "params", "field", "message"), QA_LIMITS)
+def test_qa_work_is_refused_before_it_is_done(tiny_server, pairs, params, field, message) -> None:
     inputs = [{"question": question, "context": context} for question, context in pairs]
     with tiny_server.client() as client:
         response = client.post("/v1/models/bert-qa/qa", json={"inputs": inputs, **params})
         assert response.status_code == 422, response.text
-        assert response.json()["field"] == field and response.json()["error_type"] == "validation"
+        body = response.json()
+        assert (body["field"], body["error_type"]) == (field, "validation") and message in body["error"], body
         # The same contexts at the default windows (a legal maximum-size context each) are answered.
         ok = client.post("/v1/models/bert-qa/qa", json={"inputs": [{"question": "q", "context": QA_CONTEXT}] * 2})
     assert ok.status_code == 200, ok.text

@@ -678,3 +678,27 @@ def test_a_request_past_the_window_limit_is_refused_before_any_window_is_built(
     # Errors of one input name it.
     assert refused([pairs[1], (question, "")], 1024).field == "inputs.1.context"
     assert refused([pairs[1], (question * 8, long_context)], 1024).field == "inputs.1.question"
+
+
+def test_a_context_may_not_need_more_windows_than_the_longest_allowed_at_the_default_windows(
+    tiny_bert: TorchModel,
+) -> None:
+    tokenizer, long_context = tiny_bert.tokenizer, LONG_CONTEXT * 30
+    tokens = qa.plan(tokenizer, "q", long_context, qa.QaParams(), 64).context_tokens
+
+    def refused(max_context_tokens: int, **params: Any) -> qa.QaInputError:
+        with pytest.raises(qa.QaInputError) as caught:
+            qa.prepare_all(tokenizer, [("q", long_context)], qa.QaParams(**params), 64, 10_000, max_context_tokens)
+        return caught.value
+
+    # "q" takes 4 tokens with the special tokens: default windows of 64 advance 28 tokens, windows of 9 one.
+    bound = 1 + -(-(tokens - 60) // 28)  # what a context of `tokens` tokens needs at the default windows
+    error = refused(tokens, max_seq_len=9)
+    assert error.field == "max_seq_len" and f"a context may need at most {bound}," in str(error)
+    assert refused(tokens, max_seq_len=64, doc_stride=59).field == "doc_stride"  # the default stride 32 fits
+    assert refused(tokens, max_seq_len=32, doc_stride=27).field == "max_seq_len"  # 64 with stride 27 fits
+    # At the default windows a context longer (in tokens) than the longest allowed is what to change.
+    assert refused(tokens // 2).field == "inputs.0.context"
+    # Within the bound: served, in more windows than the default ones (windows of 32 advance 12 tokens).
+    (features,) = qa.prepare_all(tokenizer, [("q", long_context)], qa.QaParams(max_seq_len=32), 64, 10_000, 4 * tokens)
+    assert len(features.rows) == 1 + -(-(tokens - 28) // 12) > bound
