@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from service.engine.batcher import Ticket
 from service.engine_client import Engine
 from service.errors import InvalidInput, WrongTask
+from service.memory import IdleRelease, malloc_trim
 from service.metrics import Metrics
 from service.registry import ModelRegistry, ServedModel
 from service.settings import Settings
@@ -48,6 +49,8 @@ class Inference:
         self.registry = registry
         self.engine = engine
         self.executor = executor
+        # Tokenizer outputs and numpy buffers of large requests stay in glibc's heap: return them once idle.
+        self.memory = IdleRelease("frontend", settings.release_memory_idle_s, malloc_trim)
 
     def model_for(self, name: str, task: str) -> ServedModel:
         model = self.registry.get(name)
@@ -170,7 +173,11 @@ class Inference:
             raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
 
     async def _run(self, model: ServedModel, rows: list[Row], ticket: Ticket, timings: Timings) -> list[Any]:
-        outputs = await self.engine.infer(model.name, rows, ticket)
+        self.memory.begin()
+        try:
+            outputs = await self.engine.infer(model.name, rows, ticket)
+        finally:
+            self.memory.end(large=sum(len(row) for row in rows) >= self.settings.release_memory_min_tokens)
         timings.queue_s = ticket.queue_seconds
         timings.inference_s = ticket.inference_seconds
         timings.inference_calls = ticket.inference_calls
