@@ -79,7 +79,8 @@ class QaRequest(Strict):
         None,
         ge=8,
         description="window length in tokens; null: 384; capped by the model's max_length. A request may need at "
-        "most max_qa_windows windows (a server setting, 1536 by default): 422 past it",
+        "most max_qa_windows windows (a server setting, 1536 by default), and one context at most what the longest "
+        "context allowed needs at the default windows: 422 past either",
     )
     max_question_len: int = Field(64, ge=1, description="as transformers' question-answering pipeline")
     handle_impossible_answer: bool = Field(False, description="allow an empty answer")

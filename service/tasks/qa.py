@@ -71,6 +71,15 @@ MASKED_LOGIT = np.float32(-10000.0)
 CONTEXT_SEQUENCE = 1  # question first, context second
 
 
+class QaInputError(ValueError):
+    """A ValueError that names what to change: a parameter ("max_seq_len", "doc_stride") or a part of the input
+    ("question", "context")."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass(frozen=True)
 class QaParams:
     """Request parameters, with transformers 4.57's defaults. None for max_seq_len / doc_stride: derived."""
@@ -122,15 +131,6 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
 def _check_stride(doc_stride: int, max_seq_len: int) -> None:
     if doc_stride > max_seq_len:
         raise QaInputError(f"doc_stride ({doc_stride}) is larger than max_seq_len ({max_seq_len})", field="doc_stride")
-
-
-class QaInputError(ValueError):
-    """A ValueError that names what to change: a parameter ("max_seq_len", "doc_stride") or a part of the input
-    ("question", "context")."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -187,12 +187,11 @@ def plan(tokenizer: TextTokenizer, question: str, context: str, params: QaParams
 def too_many_windows(plans: list[WindowPlan], params: QaParams, model_max_length: int, limit: int) -> QaInputError:
     """The error for a request whose inputs (`plans`, counted so far) need more than `limit` windows. It names
     the parameter the client set whose default would have made them fit (doc_stride first), else the inputs."""
-    windows = sum(plan.windows for plan in plans)
-    plan = plans[-1]
+    windows, last = sum(counted.windows for counted in plans), plans[-1]
     field = _parameter_to_change(plans, params, model_max_length, limit) or "inputs"
     message = (
-        f"this request needs at least {windows} windows of max_seq_len {plan.max_seq_len} tokens; the limit is "
-        f"{limit} (max_qa_windows). Input {len(plans) - 1}: {_windows_of(plan)}"
+        f"this request needs at least {windows} windows of max_seq_len {last.max_seq_len} tokens; the limit is "
+        f"{limit} (max_qa_windows). Input {len(plans) - 1}: {_windows_of(last)}"
     )
     return QaInputError(f"{message}: {_advice(field, 'send fewer or shorter contexts')}", field)
 
@@ -239,7 +238,7 @@ def _parameter_to_change(plans: list[WindowPlan], params: QaParams, model_max_le
         "max_seq_len": (default_seq_len, params.doc_stride if params.doc_stride is not None else default_stride),
     }
     for name, (max_seq_len, doc_stride) in reverted.items():
-        counts = [plan.windows_at(max_seq_len, doc_stride) for plan in plans]
+        counts = [counted.windows_at(max_seq_len, doc_stride) for counted in plans]
         if getattr(params, name) is not None and None not in counts and sum(filter(None, counts)) <= limit:
             return name
     return None
