@@ -107,6 +107,7 @@ class ServerState:
                 "max_batch_tokens": s.max_batch_tokens,
                 "request_timeout_s": s.request_timeout_s,
                 "max_queue_s": s.max_queue_s,
+                "max_qa_windows": s.max_qa_windows,
                 "token_overflow": s.token_overflow,
             },
         }

@@ -84,11 +84,28 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 def _field(error: dict[str, Any]) -> str | None:
     """The path of request fields, without pydantic's union and type tags: inputs.0.question, top_k; for a key
-    that is not allowed, that key (the last part of the path)."""
+    that is not allowed, that key (the last part of the path).
+
+    A single input (`"inputs": {...}` rather than a list) is input 0, as the server's own checks name it: pydantic's
+    path for it is inputs, the alternative's tag (QaInput), then the field."""
     loc = list(error.get("loc", ()))
     unknown = [str(loc.pop())] if error.get("type") == "extra_forbidden" and len(loc) > 1 else []
+    if "inputs" in loc:
+        after = loc.index("inputs") + 1
+        tags = after
+        while tags < len(loc) and _is_type_tag(loc[tags]):
+            tags += 1
+        if after < tags and (
+            (tags < len(loc) and loc[tags] in schemas.REQUEST_FIELDS) or (unknown and tags == len(loc))
+        ):
+            loc.insert(after, 0)
     parts = [str(p) for p in loc if isinstance(p, int) or p in schemas.REQUEST_FIELDS]
     return ".".join(parts + unknown) or None
+
+
+def _is_type_tag(part: Any) -> bool:
+    """A union alternative's tag in pydantic's path (QaInput, union[str,TextPair]), not a list's or a field."""
+    return isinstance(part, str) and part not in schemas.REQUEST_FIELDS and not part.startswith("list[")
 
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from service.engine.batcher import Ticket
 from service.engine_client import Engine
 from service.errors import InvalidInput, WrongTask
+from service.memory import IdleRelease, malloc_trim
 from service.metrics import Metrics
 from service.registry import ModelRegistry, ServedModel
 from service.settings import Settings
@@ -48,6 +49,8 @@ class Inference:
         self.registry = registry
         self.engine = engine
         self.executor = executor
+        # Tokenizer outputs and numpy buffers of large requests stay in glibc's heap: return them once idle.
+        self.memory = IdleRelease("frontend", settings.release_memory_idle_s, malloc_trim)
 
     def model_for(self, name: str, task: str) -> ServedModel:
         model = self.registry.get(name)
@@ -120,8 +123,8 @@ class Inference:
         try:
             params = qa.QaParams(**options)
             params.window(model.max_length)
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from exc
+        except qa.QaInputError as exc:
+            raise InvalidInput(str(exc), field=exc.field) from exc
         self.check_count(len(pairs))
         self.check_texts(
             [
@@ -130,10 +133,12 @@ class Inference:
                 for part, text in zip(("question", "context"), pair, strict=True)
             ]
         )
-        timings = Timings()
+        timings, s = Timings(), self.settings
         features = await self._off_loop(
             timings,
-            lambda: [qa.prepare(model.tokenizer, q, c, params, model.max_length) for q, c in pairs],
+            lambda: qa.prepare_all(
+                model.tokenizer, pairs, params, model.max_length, s.max_qa_windows, s.max_chars_per_input
+            ),
         )
         outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
         per_input = _split(outputs, [len(f.rows) for f in features])
@@ -153,21 +158,26 @@ class Inference:
             try:
                 result = work()
             except ValueError as exc:
-                raise InvalidInput(str(exc)) from exc
+                raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
         else:
             result = await self._checked(work)
         timings.tokenization_s = time.perf_counter() - started
         return result
 
     async def _checked(self, work: Callable[[], T]) -> T:
-        """Run CPU work on the tokenizer pool; a ValueError from a task module is the client's input (422)."""
+        """Run CPU work on the tokenizer pool; a ValueError from a task module is the client's input (422), with
+        the field it names where it names one."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self.executor, work)
         except ValueError as exc:
-            raise InvalidInput(str(exc)) from exc
+            raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
 
     async def _run(self, model: ServedModel, rows: list[Row], ticket: Ticket, timings: Timings) -> list[Any]:
-        outputs = await self.engine.infer(model.name, rows, ticket)
+        self.memory.begin()
+        try:
+            outputs = await self.engine.infer(model.name, rows, ticket)
+        finally:
+            self.memory.end(large=sum(len(row) for row in rows) >= self.settings.release_memory_min_tokens)
         timings.queue_s = ticket.queue_seconds
         timings.inference_s = ticket.inference_seconds
         timings.inference_calls = ticket.inference_calls

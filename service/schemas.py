@@ -61,8 +61,8 @@ class NerResponse(BaseModel):
 
 
 class QaInput(Strict):
-    question: str
-    context: str
+    question: str = Field(min_length=1, description="the question (not empty)")
+    context: str = Field(min_length=1, description="the text to find the answer in (not empty)")
 
 
 class QaRequest(Strict):
@@ -70,10 +70,17 @@ class QaRequest(Strict):
     top_k: StrictInt = Field(1, ge=1, le=100, description="answers per input")
     max_answer_len: StrictInt = Field(15, ge=1, le=512, description="longest answer, in tokens")
     doc_stride: StrictInt | None = Field(
-        None, ge=0, description="overlap of consecutive context windows, in tokens; null: min(max_seq_len / 2, 128)"
+        None,
+        ge=0,
+        description="overlap of consecutive context windows, in tokens; null: min(max_seq_len / 2, 128); must be "
+        "smaller than the room max_seq_len leaves for the context, where the context needs windows",
     )
     max_seq_len: StrictInt | None = Field(
-        None, ge=8, description="window length in tokens; null: 384; capped by the model's max_length"
+        None,
+        ge=8,
+        description="window length in tokens; null: 384; capped by the model's max_length. A request may need at "
+        "most max_qa_windows windows (a server setting, 1536 by default), and one context at most what the longest "
+        "context allowed needs at the default windows: 422 past either",
     )
     max_question_len: StrictInt = Field(64, ge=1, description="as transformers' question-answering pipeline")
     handle_impossible_answer: StrictBool = Field(False, description="allow an empty answer")

@@ -97,6 +97,28 @@ class Settings(BaseSettings):
     token_overflow: Literal["truncate", "error"] = Field(
         "truncate", description="classification inputs longer than the model's window: truncate, or answer 422"
     )
+    # Work and memory per request (issue 10: QA window amplification, memory held after large requests).
+    max_qa_windows: int = Field(
+        1536,
+        ge=1,
+        le=1_000_000,
+        description="most QA windows (model rows) one request may need, counted from the token counts before any "
+        "window is built; past it 422. 1536 = 64 inputs x 24: a 20,000-character English context needs 15-21 "
+        "windows at the default max_seq_len 384 and doc_stride 128",
+    )
+    release_memory_idle_s: float = Field(
+        1.0,
+        ge=0,
+        le=3600,
+        description="once large work is over and nothing has run for this long, give its memory back: "
+        "onnxruntime's CPU arena (which keeps the largest batch's) and glibc's heap; 0: never",
+    )
+    release_memory_min_tokens: int = Field(
+        2048,
+        ge=1,
+        le=1_048_576,
+        description="large work, for --release-memory-idle-s: a batch or a request of at least this many tokens",
+    )
     load_failure: Literal["skip", "fail"] = Field(
         "skip", description="a model that fails to load: serve the others and report it, or refuse to start"
     )

@@ -18,6 +18,7 @@ import onnxruntime as ort
 
 from export.model_config import ModelConfig
 from service.engine.buckets import ShapeGrid
+from service.memory import IdleRelease, malloc_trim
 from service.settings import Settings
 from service.tasks.base import Row
 
@@ -26,6 +27,7 @@ CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 GRAPH_WARM_UP_RUNS = 3
 NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32}
+ARENA_SHRINK = "memory.enable_memory_arena_shrinkage"  # a run option: at the run's end, free the arena's idle regions
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ class ModelRuntime:
         self.graphs: CudaGraphs | None = None
         if self.provider == CUDA and self._wants_cuda_graphs():
             self.graphs = CudaGraphs(self.session, self.output_names)
+        # The CPU arena keeps what the largest batch needed: give it back once large batches are over (CPU only).
+        idle_s = settings.release_memory_idle_s if self.provider == CPU else 0.0
+        self.memory = IdleRelease(entry.name, idle_s, self.release_memory)
 
     def _grid(self, settings: Settings) -> ShapeGrid | None:
         wanted = settings.shape_buckets == "on" or (settings.shape_buckets == "auto" and self.provider == CUDA)
@@ -166,12 +171,17 @@ class ModelRuntime:
 
     def execute(self, batch: PreparedBatch) -> list[dict[str, np.ndarray]]:
         """Outputs per row: classification logits (labels,), or per-token arrays cut to the row's length."""
-        if self.graphs is not None:
-            outputs = self.graphs.run(batch.feed)
-        elif self.provider == CUDA:
-            outputs = self._run_bound(batch.feed)
-        else:
-            outputs = self.session.run(self.output_names, batch.feed)
+        self.memory.begin()
+        try:
+            if self.graphs is not None:
+                outputs = self.graphs.run(batch.feed)
+            elif self.provider == CUDA:
+                outputs = self._run_bound(batch.feed)
+            else:
+                outputs = self.session.run(self.output_names, batch.feed)
+        finally:
+            rows, width = batch.shape
+            self.memory.end(large=rows * width >= self.settings.release_memory_min_tokens)
         results = []
         for i, n in enumerate(batch.lengths):
             per_row = zip(self.output_names, outputs, strict=True)
@@ -180,6 +190,19 @@ class ModelRuntime:
 
     def run(self, rows: list[Row]) -> list[dict[str, np.ndarray]]:
         return self.execute(self.prepare(rows))
+
+    def release_memory(self) -> None:
+        """A one-token run with arena shrinkage (onnxruntime frees the arena's unused regions at its end), then
+        glibc's free heap back to the system. Safe while another batch runs: the arena frees only idle regions."""
+        feed = {
+            "input_ids": np.full((1, 1), self.pad_token_id, dtype=np.int64),
+            "attention_mask": np.ones((1, 1), dtype=np.int64),
+            "token_type_ids": np.zeros((1, 1), dtype=np.int64),
+        }
+        options = ort.RunOptions()
+        options.add_run_config_entry(ARENA_SHRINK, "cpu:0")
+        self.session.run(self.output_names, {name: feed[name] for name in self.input_names}, options)
+        malloc_trim()
 
     def _run_bound(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         """IO binding: inputs copied to the device once, outputs allocated by ORT and copied back once."""

@@ -29,6 +29,18 @@ def tiny_repository(tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="session")
+def real_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real MiniLM checkpoints of ../shared that the tests serve, exported once (fp32). Tests using it skip
+    where ../shared is absent."""
+    from benchmarks.realdata import SHARED
+
+    repository = tmp_path_factory.mktemp("real-repository")
+    for name in ("minilm-bert-sst2", "minilm-bert-conll03", "minilm-distilbert-sst2"):
+        export_checkpoint(str(SHARED / "models" / name), name, repository, variants="fp32")
+    return repository
+
+
+@pytest.fixture(scope="session")
 def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
     servers: list[Server] = []
     log_dir = tmp_path_factory.mktemp("server-logs")

@@ -104,6 +104,23 @@ BAD_REQUESTS = [
         "aggregation_strategy",
     ),
     ("POST", "/v1/models/bert-qa/qa", {"json": {"inputs": [{"question": "q"}]}}, 422, "validation", "inputs.0.context"),
+    # empty question or context: declared in the schema (minLength 1), a validation error naming the field
+    *[
+        ("POST", "/v1/models/bert-qa/qa", {"json": {"inputs": [pair]}}, 422, "validation", f"inputs.0.{empty}")
+        for empty, pair in [
+            ("question", {"question": "", "context": "c"}),
+            ("context", {"question": "q", "context": ""}),
+        ]
+    ],
+    # a single input (not in a list) is input 0, in the schema's errors as in the server's own checks
+    *[
+        ("POST", path, {"json": {"inputs": single}}, 422, "validation", field)
+        for path, single, field in [
+            ("/v1/models/bert-qa/qa", {"question": "", "context": "c"}, "inputs.0.question"),
+            ("/v1/models/bert-qa/qa", {"question": "q"}, "inputs.0.context"),
+            ("/v1/models/bert-classification/classify", {"text": "a"}, "inputs.0.text_pair"),
+        ]
+    ],
     ("POST", "/v1/models/no-such-model/classify", {"json": {"inputs": ["x"]}}, 404, "not_found", None),
     ("GET", "/v1/models/no-such-model", {}, 404, "not_found", None),
     ("POST", "/v1/models/bert-ner/classify", {"json": {"inputs": ["x"]}}, 400, "wrong_task", None),
@@ -151,7 +168,7 @@ BAD_REQUESTS = [
             (
                 "/v1/models/bert-classification/classify",
                 b'{"inputs": {"text": "a", "text_pair": "b", "x": 1}}',
-                "inputs.x",
+                "inputs.0.x",
             ),
             ("/v1/models/bert-classification/classify", b"", "body"),
             ("/v1/models/bert-classification/classify", b'{"inputs": ["x"], "top_k": true}', "top_k"),
@@ -193,6 +210,35 @@ def test_bad_requests_get_the_right_status_and_one_error_shape(
         assert client.get("/readyz").status_code == 200
         ok = client.post("/v1/models/bert-classification/classify", json={"inputs": ["still fine"]})
         assert ok.status_code == 200
+
+
+QA_CONTEXT = ("The committee will meet again in Geneva next week to review the budget and the new rules. " * 230)[
+    :20_000
+]
+QA_LIMITS = [
+    # (inputs, parameters, field, in the message): each refused, naming what to change, before windows are built
+    ([("q", QA_CONTEXT)], {"max_seq_len": 9}, "max_seq_len", "a context may need at most"),  # the request
+    ([("q", QA_CONTEXT)], {"max_seq_len": 32, "doc_stride": 28}, "doc_stride", "room left"),  # no advance at all
+    ([("q", QA_CONTEXT)], {"max_seq_len": 32, "doc_stride": 27}, "doc_stride", "a context may need"),  # 1 a window
+    ([("who " * 70, QA_CONTEXT)], {}, "inputs.0.question", "no room"),  # the question fills the default window
+    ([("q", QA_CONTEXT)] * 64, {}, "inputs", "max_qa_windows"),  # 64 legal contexts: thousands of windows of 64
+]
+
+
+@pytest.mark.parametrize(("pairs", "params", "field", "message"), QA_LIMITS)
+def test_qa_work_is_refused_before_it_is_done(tiny_server, pairs, params, field, message) -> None:
+    inputs = [{"question": question, "context": context} for question, context in pairs]
+    with tiny_server.client() as client:
+        response = client.post("/v1/models/bert-qa/qa", json={"inputs": inputs, **params})
+        assert response.status_code == 422, response.text
+        body = response.json()
+        assert (body["field"], body["error_type"]) == (field, "validation") and message in body["error"], body
+        # The same contexts at the default windows (a legal maximum-size context each) are answered.
+        ok = client.post("/v1/models/bert-qa/qa", json={"inputs": [{"question": "q", "context": QA_CONTEXT}] * 2})
+    assert ok.status_code == 200, ok.text
+    assert 100 < int(ok.headers["x-rows"]) <= 1536
+    for (answer,) in ok.json()["results"]:
+        assert QA_CONTEXT[answer["start"] : answer["end"]] == answer["answer"]
 
 
 def test_metrics_are_exposed_in_prometheus_format(tiny_server) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import pipeline
 
 from benchmarks.realdata import SHARED, conll03, shared_available, sst2
-from export.pipeline import export_checkpoint
 from tests.service.conftest import Server
 
 ARCHS = ("bert", "roberta", "albert", "distilbert")
@@ -90,11 +90,8 @@ needs_shared = pytest.mark.skipif(not shared_available(), reason="../shared (rea
 
 
 @pytest.fixture(scope="module")
-def real_server(tmp_path_factory: pytest.TempPathFactory, server_factory) -> Server:
-    repository = tmp_path_factory.mktemp("real-repository")
-    for name in ("minilm-bert-sst2", "minilm-bert-conll03", "minilm-distilbert-sst2"):
-        export_checkpoint(str(SHARED / "models" / name), name, repository, variants="fp32")
-    return server_factory(repository)
+def real_server(real_repository: Path, server_factory) -> Server:
+    return server_factory(real_repository)
 
 
 @needs_shared

@@ -76,6 +76,17 @@ def test_process_mode_answers_as_the_in_process_server(process_server, tiny_serv
     }
 
 
+def test_qa_work_is_refused_in_the_front_end_before_it_is_done(process_server) -> None:
+    """The window limits hold in process mode too: counted in the front-end, nothing queued."""
+    context = (CONTEXT * 240)[:20_000]  # "Who?" takes 6 of 13 tokens: the default stride 6 advances 1 a window
+    with httpx.Client(base_url=process_server.url, timeout=30) as client:
+        response = client.post(
+            "/v1/models/albert-qa/qa", json={"inputs": {"question": "Who?", "context": context}, "max_seq_len": 13}
+        )
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "max_seq_len" and "a context may need at most" in response.json()["error"]
+
+
 def test_metrics_are_one_view_over_every_process(process_server) -> None:
     before = metric(process_server, "bertserve_requests_total", model="bert-classification")
     batches_before = metric(process_server, "bertserve_batch_size_count", model="bert-classification")

@@ -37,6 +37,8 @@ def test_a_short_deadline_alone_shortens_the_default_queue_bound() -> None:
         ({"port": 70000}, "less than or equal to 65535"),
         ({"device": "tpu"}, "'cpu', 'cuda' or 'auto'"),
         ({"max_queue_rows": 0}, "greater than or equal to 1"),
+        ({"max_qa_windows": 0}, "greater than or equal to 1"),
+        ({"release_memory_idle_s": -1}, "greater than or equal to 0"),
     ],
 )
 def test_unsafe_values_are_refused(values: dict, message: str) -> None:

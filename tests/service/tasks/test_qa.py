@@ -525,3 +525,180 @@ def test_postprocess_refuses_logits_that_do_not_fit_the_windows(tiny_bert: Torch
         qa.postprocess("Who?", LONG_CONTEXT, features, starts[:-1], ends[:-1], params)
     with pytest.raises(ValueError, match="logits have shape"):
         qa.postprocess("Who?", LONG_CONTEXT, features, [s[:-1] for s in starts], ends, params)
+
+
+# --- what a request costs, known before its windows are built ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_plan_counts_the_windows_the_tokenizer_makes(
+    tiny: Callable[[str], tuple[Checkpoint, Golden]], arch: str
+) -> None:
+    """The count that admits or refuses a request is exactly the number of windows prepare then builds, for every
+    tokenizer family, over the golden texts and window sizes from the smallest that can hold them to the model's."""
+    checkpoint, golden = tiny(arch)
+    pairs = {golden.texts(case) for case in golden.cases if "answers" in case}
+    pairs.add(("Who met in Brussels?", LONG_CONTEXT * 3))
+    rng = np.random.default_rng(7)
+    counted = several = 0
+    for question, context in sorted(pairs):
+        for max_seq_len in sorted({*rng.integers(8, 65, size=4).tolist(), 64}):
+            for doc_stride in sorted({0, 1, int(rng.integers(0, max_seq_len)), max_seq_len // 2}):
+                params = qa.QaParams(max_seq_len=max_seq_len, doc_stride=doc_stride)
+                try:
+                    plan = qa.plan(checkpoint.tokenizer, question, context, params, checkpoint.max_length)
+                except qa.QaInputError as exc:
+                    assert exc.field in {"doc_stride", "max_seq_len"}
+                    continue
+                features = qa.prepare(checkpoint.tokenizer, question, context, params, checkpoint.max_length, plan)
+                assert plan.windows == len(features.rows), (question, context, max_seq_len, doc_stride)
+                assert plan.windows_at(max_seq_len, doc_stride) == plan.windows
+                assert (plan.max_seq_len, plan.doc_stride) == (features.max_seq_len, features.doc_stride)
+                # Built from the plan or from scratch: the same windows.
+                again = checkpoint.prepare(question, context, params)
+                assert [r.input_ids.tolist() for r in again.rows] == [r.input_ids.tolist() for r in features.rows]
+                counted += 1
+                several += plan.windows > 2
+    assert counted > 200 and several > 50, (counted, several)
+
+
+def test_errors_name_the_field_to_change(tiny_bert: TorchModel) -> None:
+    tokenizer, question = tiny_bert.tokenizer, "Who met in Brussels?"  # 8 tokens with the special tokens
+
+    def field(question: str, context: str, **params: Any) -> str:
+        with pytest.raises(qa.QaInputError) as caught:
+            qa.plan(tokenizer, question, context, qa.QaParams(**params), 64)
+        return caught.value.field
+
+    assert field("", LONG_CONTEXT) == "question"
+    assert field(question, "") == "context"
+    assert field(question, LONG_CONTEXT, max_seq_len=8) == "max_seq_len"  # no room left for the context
+    assert field(question, LONG_CONTEXT, max_seq_len=8, doc_stride=0) == "max_seq_len"
+    assert field(question, LONG_CONTEXT, max_seq_len=48, doc_stride=40) == "doc_stride"  # 40 of 40 tokens of room
+    assert field(question, LONG_CONTEXT, max_seq_len=16) == "max_seq_len"  # room 8, the default stride 8
+    assert field(question * 8, LONG_CONTEXT) == "question"  # no parameter given: the question fills the window
+    with pytest.raises(qa.QaInputError) as caught:
+        qa.QaParams(doc_stride=128).window(64)
+    assert caught.value.field == "doc_stride"
+    with pytest.raises(qa.QaInputError) as caught:
+        qa.QaParams(top_k=0)
+    assert caught.value.field == "top_k"
+
+
+def test_windows_at_other_parameters_is_arithmetic_on_the_token_counts(tiny_bert: TorchModel) -> None:
+    plan = qa.plan(tiny_bert.tokenizer, "Who met in Brussels?", LONG_CONTEXT, qa.QaParams(), 64)
+    assert plan.fixed == 8 and plan.context_tokens > 56 and plan.whole is None
+    room = 64 - plan.fixed
+    assert plan.windows == 1 + -(-(plan.context_tokens - room) // (room - 32))
+    assert plan.windows_at(9, 0) == plan.context_tokens  # one context token a window
+    assert plan.windows_at(9, 1) is None  # the stride fills the room: the context cannot advance
+    assert plan.windows_at(plan.fixed + plan.context_tokens, 5) == 1  # it all fits: no stride needed
+    short = qa.plan(tiny_bert.tokenizer, "Who met in Brussels?", "Peter met Maria.", qa.QaParams(), 64)
+    assert short.windows == 1 and short.whole is not None
+
+
+def test_answers_merge_across_many_windows_as_across_few(tiny_bert: TorchModel) -> None:
+    """A context in thousands of one-token windows (what made the merge quadratic): the dict merge gives the
+    answers a scan over every answer so far gives, case-folded texts adding their scores."""
+    question, context = "Who met in Brussels?", " ".join([LONG_CONTEXT, LONG_CONTEXT.upper()] * 12)
+    params = qa.QaParams(max_seq_len=9, doc_stride=0, top_k=50, handle_impossible_answer=True)
+    features = qa.prepare(tiny_bert.tokenizer, question, context, params, 64)
+    assert len(features.rows) > 1000
+    rng = np.random.default_rng(3)
+    starts = [rng.standard_normal(len(row)).astype(np.float32) for row in features.rows]
+    ends = [rng.standard_normal(len(row)).astype(np.float32) for row in features.rows]
+    got = qa.postprocess(question, context, features, starts, ends, params)
+    expected: list[dict[str, Any]] = []  # the merge as the pipeline wrote it: a scan of the answers so far
+    spans = SpanRecorder()
+    for index in range(len(features.rows)):
+        qa._collect_window(spans, context, features, index, starts[index], ends[index], params)  # type: ignore[arg-type]
+    for score, start, end in spans.spans:
+        same = next((a for a in expected if a["answer"].lower() == context[start:end].lower()), None)
+        if same is None:
+            expected.append({"score": score, "start": start, "end": end, "answer": context[start:end]})
+        else:
+            same["score"] += score
+    expected.append({"score": spans.null_score, "start": 0, "end": 0, "answer": ""})
+    expected = sorted(expected, key=lambda answer: answer["score"], reverse=True)[: params.top_k]
+    assert got == expected
+    texts = {context[start:end].lower() for _, start, end in spans.spans}
+    # Thousands of distinct answers to merge into (a scan of them per span made it quadratic), most spans merged.
+    assert len(texts) > 1000 and len(spans.spans) > 3 * len(texts) and len(got) == 50
+
+
+@dataclass
+class SpanRecorder:
+    """Stands in for qa._Collector: every span of every window, unmerged."""
+
+    spans: list[tuple[float, int, int]] = dataclasses.field(default_factory=list)
+    null_score: float = 1_000_000.0
+
+    def add(self, score: float, start: int, end: int, context: str) -> None:
+        self.spans.append((score, start, end))
+
+
+def test_a_request_past_the_window_limit_is_refused_before_any_window_is_built(
+    tiny_bert: TorchModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer, question, long_context = tiny_bert.tokenizer, "Who met in Brussels?", LONG_CONTEXT * 30
+    windowed: list[int] = []  # max_length of each encode call that builds windows
+    encode = tokenizer.encode
+
+    def recording(text: str, pair: str | None = None, **options: Any) -> Any:
+        if options.get("max_length") is not None:
+            windowed.append(options["max_length"])
+        return encode(text, pair, **options)
+
+    monkeypatch.setattr(tokenizer, "encode", recording)
+
+    def refused(pairs: list[tuple[str, str]], limit: int, **params: Any) -> qa.QaInputError:
+        with pytest.raises(qa.QaInputError) as caught:
+            qa.prepare_all(tokenizer, pairs, qa.QaParams(**params), 64, limit)
+        return caught.value
+
+    # The issue's request: question "q" (4 tokens with the special tokens) in windows of 9 tokens, the default
+    # stride 4: one context token more per window, thousands of windows; the default windows would fit.
+    error = refused([("q", long_context)] * 64, 1024, max_seq_len=9)
+    assert error.field == "max_seq_len" and "max_qa_windows" in str(error) and "raise max_seq_len" in str(error)
+    assert windowed == []  # refused from the counts: not one window built
+    error = refused([(question, long_context)], 1024, max_seq_len=32, doc_stride=23)  # room 24, advancing 1
+    assert error.field == "doc_stride"
+    # At the default windows too many inputs: the inputs are what to change.
+    default_windows = qa.plan(tokenizer, question, long_context, qa.QaParams(), 64).windows
+    assert default_windows > 20
+    error = refused([(question, long_context)] * 64, 20 * default_windows)
+    assert error.field == "inputs" and f"at least {21 * default_windows} windows" in str(error)
+    assert windowed == []
+    # Within the limit: the windows each pair's own prepare builds.
+    pairs = [(question, long_context), (question, "Peter met Maria in Brussels.")]
+    features = qa.prepare_all(tokenizer, pairs, qa.QaParams(), 64, default_windows + 1)
+    assert [len(f.rows) for f in features] == [default_windows, 1]
+    assert windowed == [64]  # the long context's windows, built once; the short pair fits in its one encoding
+    assert refused(pairs, default_windows).field == "inputs"
+    # Errors of one input name it.
+    assert refused([pairs[1], (question, "")], 1024).field == "inputs.1.context"
+    assert refused([pairs[1], (question * 8, long_context)], 1024).field == "inputs.1.question"
+
+
+def test_a_context_may_not_need_more_windows_than_the_longest_allowed_at_the_default_windows(
+    tiny_bert: TorchModel,
+) -> None:
+    tokenizer, long_context = tiny_bert.tokenizer, LONG_CONTEXT * 30
+    tokens = qa.plan(tokenizer, "q", long_context, qa.QaParams(), 64).context_tokens
+
+    def refused(max_context_tokens: int, **params: Any) -> qa.QaInputError:
+        with pytest.raises(qa.QaInputError) as caught:
+            qa.prepare_all(tokenizer, [("q", long_context)], qa.QaParams(**params), 64, 10_000, max_context_tokens)
+        return caught.value
+
+    # "q" takes 4 tokens with the special tokens: default windows of 64 advance 28 tokens, windows of 9 one.
+    bound = 1 + -(-(tokens - 60) // 28)  # what a context of `tokens` tokens needs at the default windows
+    error = refused(tokens, max_seq_len=9)
+    assert error.field == "max_seq_len" and f"a context may need at most {bound}," in str(error)
+    assert refused(tokens, max_seq_len=64, doc_stride=59).field == "doc_stride"  # the default stride 32 fits
+    assert refused(tokens, max_seq_len=32, doc_stride=27).field == "max_seq_len"  # 64 with stride 27 fits
+    # At the default windows a context longer (in tokens) than the longest allowed is what to change.
+    assert refused(tokens // 2).field == "inputs.0.context"
+    # Within the bound: served, in more windows than the default ones (windows of 32 advance 12 tokens).
+    (features,) = qa.prepare_all(tokenizer, [("q", long_context)], qa.QaParams(max_seq_len=32), 64, 10_000, 4 * tokens)
+    assert len(features.rows) == 1 + -(-(tokens - 28) // 12) > bound
