@@ -31,7 +31,7 @@ from service.middleware import (
     JsonOnlyMiddleware,
     MetricsMiddleware,
 )
-from service.probes import Heartbeat, ProbeServer
+from service.probes import ProbeProcess, unavailable
 from service.registry import ModelRegistry, ServedModel
 from service.routes import router
 from service.settings import Settings
@@ -68,11 +68,7 @@ class ServerState:
         self.engine.load()
 
     def readiness(self) -> tuple[int, dict[str, Any]]:
-        """/readyz's verdict (status, body), for the main port and the probe port's thread alike."""
-
-        def unavailable(message: str) -> tuple[int, dict[str, Any]]:
-            return 503, {"error": message, "error_type": "unavailable", "field": None}
-
+        """/readyz's verdict (status, body), for the main port and the probe port's process alike."""
         registry = self.registry
         if self.draining:
             return unavailable("the server is shutting down")
@@ -133,19 +129,16 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         server.load()  # done already where `python -m service` started it; StartupError: uvicorn exits non-zero
-        heartbeat = Heartbeat()
-        heartbeat.start()
         probes = None
         if settings.probe_port:
             sock = shared_port_socket(settings.host, settings.probe_port)
-            probes = ProbeServer(sock, heartbeat, server.readiness, settings.liveness_stall_s)
+            probes = ProbeProcess(sock, server.readiness, settings.liveness_stall_s)
             probes.start()
         await server.engine.start(on_change=server.registry.sync)
         try:
             yield
         finally:
             server.draining = True
-            heartbeat.stop()
             if probes is not None:
                 probes.stop()
             await server.engine.stop()

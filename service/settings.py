@@ -32,7 +32,7 @@ class Settings(BaseSettings):
         0,
         ge=0,
         le=65535,
-        description="a port where a thread of its own answers /livez and /readyz, fast under any load (for "
+        description="a port where a process of its own answers /livez and /readyz, fast under any load (for "
         "orchestrator probes); 0: none (the probes are on --port as always)",
     )
     liveness_stall_s: float = Field(

@@ -9,7 +9,7 @@ import httpx
 
 from benchmarks.serving import free_port
 from service.http_server import shared_port_socket
-from service.probes import Heartbeat, ProbeServer
+from service.probes import StateFile, probe_child
 
 
 def test_a_server_answers_probes_on_its_probe_port(tiny_repository: Path, server_factory) -> None:
@@ -26,15 +26,27 @@ def test_a_server_answers_probes_on_its_probe_port(tiny_repository: Path, server
     assert "probes on http://127.0.0.1:" in server.log()
 
 
-def test_liveness_fails_once_the_event_loop_has_stalled() -> None:
-    heartbeat = Heartbeat()  # never started: as a loop that stopped running
-    probes = ProbeServer(shared_port_socket("127.0.0.1", 0), heartbeat, lambda: (200, {"status": "ready"}), 0.3)
-    probes.start()
+def test_the_probe_process_reports_a_stalled_event_loop_and_a_state_not_ready(tmp_path: Path) -> None:
+    sock = shared_port_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    state = StateFile(tmp_path / "state.json")
+    state.write((503, {"error": "not ready; loading: x", "error_type": "unavailable", "field": None}))
+    child = probe_child(sock, state, stall_s=0.5)
     try:
-        port = probes.httpd.socket.getsockname()[1]
-        assert httpx.get(f"http://127.0.0.1:{port}/livez").status_code == 200
-        time.sleep(0.4)
-        stalled = httpx.get(f"http://127.0.0.1:{port}/livez")
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                live = httpx.get(base + "/livez")
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert live.status_code == 200  # the state was just written: the loop is running
+        assert httpx.get(base + "/readyz").status_code == 503
+        time.sleep(0.7)  # no new state: as a loop that stopped running
+        stalled = httpx.get(base + "/livez")
         assert stalled.status_code == 503 and "event loop has not run" in stalled.json()["error"]
     finally:
-        probes.stop()
+        child.stdin.close()  # type: ignore[union-attr]  # the server's end closes: the probe process exits
+        assert child.wait(10) == 0
