@@ -3,6 +3,7 @@ builds it from the environment (BERTSERVE_*)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from service.admission import AdmissionGate
 from service.auth import ApiKeys, AuthMiddleware, open_paths
 from service.docs import document_bearer_auth, install_docs
 from service.engine_client import Engine, LocalEngine, RemoteEngine
+from service.errors import NotReady, ServiceError
 from service.http_errors import install_error_handlers
 from service.http_server import shared_port_socket
 from service.inference import Inference
@@ -33,6 +35,7 @@ from service.middleware import (
 )
 from service.probes import ProbeProcess, unavailable
 from service.registry import ModelRegistry, ServedModel
+from service.repository import one_line
 from service.routes import router
 from service.settings import Settings
 
@@ -66,6 +69,28 @@ class ServerState:
         if not self.registry.models:
             self.registry.load()
         self.engine.load()
+
+    async def self_test_models(self) -> None:
+        """Each model, once the engine reports it warmed up: one real request through the whole path before it is
+        reported ready. A failure makes it a failed model (reported, its requests 503) with the reason."""
+        while True:
+            for model in list(self.registry.models.values()):
+                if model.status != "checking":
+                    continue
+                try:
+                    await self.inference.self_test(model)
+                except NotReady:  # the engine went away meanwhile (process mode): try again when it is back
+                    continue
+                except ServiceError as exc:
+                    model.error = f"self-test failed: {exc.message}"
+                except Exception as exc:
+                    model.error = f"self-test failed: {one_line(exc, self.settings)}"
+                else:
+                    model.self_tested = True
+                if model.error:
+                    log.error("model %s: %s", model.name, model.error)
+                self.registry.sync()
+            await asyncio.sleep(0.1)
 
     def readiness(self) -> tuple[int, dict[str, Any]]:
         """/readyz's verdict (status, body), for the main port and the probe port's process alike."""
@@ -135,10 +160,12 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
             probes = ProbeProcess(sock, server.readiness, settings.liveness_stall_s)
             probes.start()
         await server.engine.start(on_change=server.registry.sync)
+        self_tests = asyncio.create_task(server.self_test_models(), name="self-tests")
         try:
             yield
         finally:
             server.draining = True
+            self_tests.cancel()
             if probes is not None:
                 probes.stop()
             await server.engine.stop()

@@ -14,7 +14,7 @@ from service.engine_client import Engine
 from service.errors import InvalidInput, WrongTask
 from service.memory import IdleRelease, malloc_trim
 from service.metrics import Metrics
-from service.registry import ModelRegistry, ServedModel
+from service.registry import SELF_TEST, ModelRegistry, ServedModel
 from service.settings import Settings
 from service.tasks import classification, ner, qa
 from service.tasks.base import Row
@@ -150,6 +150,21 @@ class Inference:
             ]
 
         return await self._checked(post), timings
+
+    async def self_test(self, model: ServedModel) -> None:
+        """One real request through the whole path before the model is reported ready; a ServiceError (or any
+        exception) says why it cannot serve."""
+        ticket = Ticket.with_timeout(max(self.settings.request_timeout_s, 60.0))
+        token = SELF_TEST.set(True)
+        try:
+            if model.task == "classification":
+                await self.classify(model.name, ["bertserve self-test"], None, ticket)
+            elif model.task == "ner":
+                await self.ner(model.name, ["The bertserve self-test runs in Paris."], "simple", ticket)
+            else:
+                await self.qa(model.name, [("What runs?", "The bertserve self-test runs.")], {}, ticket)
+        finally:
+            SELF_TEST.reset(token)
 
     async def _off_loop(self, timings: Timings, work: Callable[[], T], inline: bool = False) -> T:
         """Tokenize on the pool; small work (`inline`) right here, where a thread hop would cost more than it."""

@@ -1,11 +1,13 @@
 """The served models as the front-end sees them: config and tokenizer of each entry, plus the engine's word on it.
 
-A model is ready when its tokenizer loaded here and the engine reports its session loaded and warmed up.
+A model is ready when its tokenizer loaded here, the engine reports its session loaded and warmed up, and one
+real request went through the whole path (tokenization, batching, the session, post-processing): the self-test.
 """
 
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from service.settings import Settings
 from service.tokenization import TextTokenizer
 
 log = logging.getLogger("service.registry")
+SELF_TEST: ContextVar[bool] = ContextVar("self_test", default=False)  # this task is a model's self-test
 
 
 @dataclass
@@ -27,15 +30,19 @@ class ServedModel:
     entry: Path
     config: ModelConfig | None = None
     tokenizer: TextTokenizer | None = None
-    error: str | None = None  # the front-end's own failure (config, tokenizer)
+    error: str | None = None  # the front-end's own failure (config, tokenizer, self-test)
     engine_state: dict[str, Any] = field(default_factory=dict)
+    self_tested: bool = False  # one real request went through the whole path
 
     @property
     def status(self) -> str:
-        """loading -> ready | failed, from both sides: failed on either side is failed."""
+        """loading -> checking (the self-test) -> ready | failed; failed on either side is failed."""
         if self.error is not None:
             return "failed"
-        return str(self.engine_state.get("status", "loading"))
+        engine_status = str(self.engine_state.get("status", "loading"))
+        if engine_status == "ready" and not self.self_tested:
+            return "checking"
+        return engine_status
 
     @property
     def failure(self) -> str | None:
@@ -88,8 +95,9 @@ class ModelRegistry:
 
     @property
     def ready(self) -> bool:
-        """The engine is up and warmed up, and some model can answer. Failed models are reported, not waited for."""
-        return self.engine.ready and any(m.status == "ready" for m in self.models.values())
+        """The engine is up and warmed up, every model passed its self-test or failed, and some model can answer.
+        Failed models are reported, not waited for."""
+        return self.engine.ready and not self.loading and any(m.status == "ready" for m in self.models.values())
 
     @property
     def failed(self) -> list[str]:
@@ -97,7 +105,7 @@ class ModelRegistry:
 
     @property
     def loading(self) -> list[str]:
-        return sorted(m.name for m in self.models.values() if m.status == "loading")
+        return sorted(m.name for m in self.models.values() if m.status in ("loading", "checking"))
 
     def get(self, name: str) -> ServedModel:
         model = self.models.get(name)
@@ -107,6 +115,6 @@ class ModelRegistry:
             raise ModelFailed(f"model {name} failed to load: {model.failure}")
         if not self.engine.connected:
             raise EngineUnavailable("the engine is not connected (starting or restarting); try again shortly")
-        if model.status != "ready":
+        if model.status != "ready" and not (model.status == "checking" and SELF_TEST.get()):
             raise NotReady(f"model {name} is still loading")
         return model

@@ -100,7 +100,9 @@ class QaResponse(BaseModel):
 
 class ModelInfo(BaseModel):
     name: str
-    status: Literal["loading", "ready", "failed"]
+    status: Literal["loading", "checking", "ready", "failed"] = Field(
+        description="loading -> checking (one real request through the whole path) -> ready, or failed"
+    )
     error: str | None = None
     task: str | None = None
     architecture: str | None = None

@@ -30,21 +30,23 @@ def test_the_probe_process_reports_a_stalled_event_loop_and_a_state_not_ready(tm
     sock = shared_port_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     state = StateFile(tmp_path / "state.json")
-    state.write((503, {"error": "not ready; loading: x", "error_type": "unavailable", "field": None}))
-    child = probe_child(sock, state, stall_s=0.5)
+    not_ready = (503, {"error": "not ready; loading: x", "error_type": "unavailable", "field": None})
+    state.write(not_ready)
+    child = probe_child(sock, state, stall_s=2.0)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 10
-        while True:
+        deadline = time.monotonic() + 20
+        while True:  # until the child answers
             try:
-                live = httpx.get(base + "/livez")
+                httpx.get(base + "/livez")
                 break
             except httpx.TransportError:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-        assert live.status_code == 200  # the state was just written: the loop is running
-        assert httpx.get(base + "/readyz").status_code == 503
-        time.sleep(0.7)  # no new state: as a loop that stopped running
+        state.write(not_ready)  # a fresh beat: the loop is running
+        assert httpx.get(base + "/livez").status_code == 200
+        assert httpx.get(base + "/readyz").json()["error"] == "not ready; loading: x"
+        time.sleep(2.5)  # no new beat: as a loop that stopped running
         stalled = httpx.get(base + "/livez")
         assert stalled.status_code == 503 and "event loop has not run" in stalled.json()["error"]
     finally:
