@@ -31,10 +31,10 @@ def test_the_limit_is_the_measured_rate_times_the_bound() -> None:
     finish(gate, 50)  # 50 answered in this second
     clock.now += 1
     assert gate.rate() == 50
-    assert gate.limit() == 50  # a mean wait of half the bound: the slowest stay within it
+    assert gate.limit() == 40  # a mean wait of 40% of the bound: the slowest stay within it
     admitted = sum(gate.try_enter() for _ in range(150))
-    assert admitted == 50
-    assert gate.retry_after_s() == 1  # 50 in flight at 50/s
+    assert admitted == 40
+    assert gate.retry_after_s() == 1  # 40 in flight at 50/s
 
 
 def test_failed_requests_do_not_count_as_capacity() -> None:
