@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +19,13 @@ TINY_CELLS = [
 
 
 Server = ServiceProcess
+
+
+def run_service(*args: str) -> subprocess.CompletedProcess:
+    """`python -m service ARGS` to its end (start-up refusals, --help), output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "service", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from pydantic import ValidationError
 
 from service.auth import ApiKeys, KeyFileProblem, read_key_file
 from service.settings import Settings
+from tests.service.conftest import run_service
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_A = "key-a-0123456789abcdef"
@@ -138,24 +137,12 @@ def test_unsafe_keys_are_refused_without_showing_them(monkeypatch, value: str, m
 def test_the_server_refuses_to_start_with_an_unusable_key_file(tmp_path: Path, tiny_repository: Path) -> None:
     key_file = tmp_path / "keys"
     write_keys(key_file, KEY_A, 0o644)
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "--repository", str(tiny_repository), "--api-key-file", str(key_file)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_service("--repository", str(tiny_repository), "--api-key-file", str(key_file))
     assert done.returncode == 2
     assert done.stderr.strip() == (
         f"error: api_key_file {key_file} is open to other users (mode 0644): chmod 600 (or 640) it"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "--repository", str(tiny_repository), "--api-keys", "too-short"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_service("--repository", str(tiny_repository), "--api-keys", "too-short")
     assert done.returncode == 2
     assert done.stderr.startswith("error: invalid setting api_keys: Value error, key 1 of 1 is 9 characters")
     assert done.stderr.count("\n") == 1 and "too-short" not in done.stderr

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -17,7 +15,7 @@ from export.model_config import ModelConfig
 from service.engine.runtime import CPU, CUDA, choose_placement
 from service.settings import Settings
 from service.tasks import classification
-from tests.service.conftest import ROOT
+from tests.service.conftest import run_service
 
 VARIANTS = {"fp32": {}, "fp16": {}, "int8": {}}
 
@@ -128,13 +126,7 @@ def test_batch_budget_below_a_models_length_is_refused(tiny_repository: Path, tm
     shutil.copytree(tiny_repository / "bert-qa", tmp_path / "long")
     config = json.loads((tmp_path / "long" / "model.json").read_text())
     (tmp_path / "long" / "model.json").write_text(json.dumps({**config, "max_length": 128}))
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "--repository", str(tmp_path), "--max-batch-tokens", "100"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_service("--repository", str(tmp_path), "--max-batch-tokens", "100")
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "error: max_batch_tokens (100) is below model long's max_length (128): a full-length input could never "

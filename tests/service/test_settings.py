@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from service.settings import Settings, settings_from_cli
+from tests.service.conftest import run_service
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,9 +46,7 @@ def test_unsafe_values_are_refused(values: dict, message: str) -> None:
 
 
 def test_help_lists_every_setting_with_its_environment_variable() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    done = run_service("--help")
     assert done.returncode == 0
     for name in Settings.model_fields:
         assert f"--{name.replace('_', '-')}" in done.stdout
@@ -57,25 +54,13 @@ def test_help_lists_every_setting_with_its_environment_variable() -> None:
 
 
 def test_bad_flag_value_exits_with_the_reason() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "--max-batch-size", "0"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_service("--max-batch-size", "0")
     assert done.returncode == 2
     assert done.stderr.strip() == "error: invalid setting max_batch_size: Input should be greater than or equal to 1"
 
 
 def test_missing_repository_is_refused_with_the_reason(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "service", "--repository", str(tmp_path / "nowhere")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_service("--repository", str(tmp_path / "nowhere"))
     assert done.returncode == 2
     assert (
         done.stderr.strip()
