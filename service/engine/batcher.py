@@ -341,8 +341,12 @@ class Batcher:
 
     def _learn_cost(self, seconds: float, real_tokens: int) -> None:
         """Running average of seconds per real token (padding included in the cost), weighted by batch size, so
-        that the many small batches of a quiet server do not outweigh the full ones that matter under load."""
-        if real_tokens <= 0:
+        that the many small batches of a quiet server do not outweigh the full ones that matter under load.
+
+        Only batches of at least 1/8 of the token budget count: a batch's fixed cost spread over a few tokens
+        (the self-test's, a lone short sentence's) made a token look ten times dearer than in a full batch, and a
+        burst on a cold server was refused for work it would have done in a fraction of the bound."""
+        if real_tokens <= 0 or real_tokens * 8 < self.max_batch_tokens:
             return
         cost = seconds / real_tokens
         weight = min(1.0, real_tokens / max(self.max_batch_tokens, 1))

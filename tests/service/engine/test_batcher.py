@@ -164,6 +164,19 @@ def test_queue_is_bounded_in_time_at_the_measured_cost_per_token() -> None:
     assert [len(answer) for answer in answers] == [8] * 5 + [5]  # everything admitted is answered
 
 
+def test_small_batches_do_not_teach_the_cost_per_token() -> None:
+    # a lone short row's fixed cost over its few tokens would make every token look dear (a cold burst refused)
+    async def scenario(batcher, runner, _):
+        await batcher.submit(rows("lone", [5]), Ticket.with_timeout(5))
+        after_small = batcher.seconds_per_token
+        await batcher.submit(rows("full", [20] * 8), Ticket.with_timeout(5))  # 160 tokens: 1/8 of the budget
+        return after_small, batcher.seconds_per_token
+
+    after_small, after_full = run(scenario, runner=Recorder(delay=0.01), max_batch_tokens=1024)
+    assert after_small is None
+    assert after_full is not None and after_full < 0.01 / 100
+
+
 def test_an_empty_queue_admits_a_request_longer_than_the_bound() -> None:
     async def scenario(batcher, runner, _):
         await batcher.submit(rows("warm", [10] * 8), Ticket.with_timeout(5))
