@@ -133,9 +133,11 @@ def test_the_cpu_arena_is_given_back_after_large_batches_and_does_not_grow_acros
         released = wait_for(lambda expected=round_index + 1: runtime.memory.releases == expected)
         assert released, "no release after a large batch"
         after_release.append(rss_mb())
-        if round_index == 0:
-            assert grown > 150, f"the batch grew RSS by {grown:.0f} MB only: this test would show nothing"
-        assert after_release[-1] < before + grown - 150, f"round {round_index}: the arena was not given back"
+        if round_index == 0:  # the batch's arena is ~0.4 GB; part may come from heap an earlier session freed
+            assert grown > 100, f"the batch grew RSS by {grown:.0f} MB only: this test would show nothing"
+        # most of what the batch took is given back (measured: all of it, and more)
+        given_back = before + grown - after_release[-1]
+        assert given_back > 0.6 * grown, f"round {round_index}: {given_back:.0f} of {grown:.0f} MB given back"
     assert after_release[-1] - after_release[0] < 30, f"RSS after each release grows: {after_release}"
     # The session still answers as before the release.
     ids = np.arange(1000, 1010, dtype=np.int64)
