@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +20,16 @@ TINY_CELLS = [
 
 
 Server = ServiceProcess
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0, every_s: float = 0.05) -> bool:
+    """Poll `condition` until it holds (True) or `timeout` has passed (its last answer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(every_s)
+    return condition()
 
 
 def run_service(*args: str) -> subprocess.CompletedProcess:

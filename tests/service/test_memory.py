@@ -17,18 +17,14 @@ from service.engine.runtime import ModelRuntime
 from service.memory import IdleRelease, malloc_trim
 from service.settings import Settings
 from service.tasks.base import Row
+from tests.service.conftest import wait_for
 
 MB = 2**20
 needs_shared = pytest.mark.skipif(not shared_available(), reason="../shared (real checkpoints and data) is absent")
 
 
-def wait_for(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
+def settled(condition) -> bool:
+    return wait_for(condition, timeout=10.0, every_s=0.01)
 
 
 class Recorder:
@@ -54,7 +50,7 @@ def test_release_comes_once_idle_after_large_work_and_never_while_work_is_in_fli
     assert recorder.calls == []
     release.end(large=False)
     ended = time.monotonic()
-    assert wait_for(lambda: len(recorder.calls) == 1)
+    assert settled(lambda: len(recorder.calls) == 1)
     assert recorder.calls[0] - ended >= 0.19
     time.sleep(0.4)
     assert len(recorder.calls) == 1 and release.releases == 1  # once per burst of large work
@@ -64,7 +60,7 @@ def test_release_comes_once_idle_after_large_work_and_never_while_work_is_in_fli
             thread.start()
         for thread in threads:
             thread.join()
-    assert wait_for(lambda: len(recorder.calls) == 2)
+    assert settled(lambda: len(recorder.calls) == 2)
     time.sleep(0.4)
     assert len(recorder.calls) == 2
 
@@ -80,10 +76,10 @@ def test_a_failing_release_is_logged_and_the_next_burst_still_releases(caplog: p
     release = IdleRelease("flaky", 0.05, flaky)
     release.begin()
     release.end(large=True)
-    assert wait_for(lambda: len(calls) == 1)
+    assert settled(lambda: len(calls) == 1)
     release.begin()
     release.end(large=True)
-    assert wait_for(lambda: len(calls) == 2) and release.releases == 1
+    assert settled(lambda: len(calls) == 2) and release.releases == 1
     assert "releasing memory failed" in caplog.text
 
 
@@ -130,7 +126,7 @@ def test_the_cpu_arena_is_given_back_after_large_batches_and_does_not_grow_acros
         before = rss_mb()
         run_largest_batch(runtime)
         grown = rss_mb() - before
-        released = wait_for(lambda expected=round_index + 1: runtime.memory.releases == expected)
+        released = settled(lambda expected=round_index + 1: runtime.memory.releases == expected)
         assert released, "no release after a large batch"
         after_release.append(rss_mb())
         if round_index == 0:  # the batch's arena is ~0.4 GB; part may come from heap an earlier session freed

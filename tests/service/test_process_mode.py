@@ -10,13 +10,13 @@ import os
 import re
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.service.conftest import wait_for
 from tests.service.test_scheduling import metric, sigterm_during_burst
 
 MODELS = "bert-classification,distilbert-ner,albert-qa"
@@ -49,15 +49,6 @@ def scores_close(got: object, want: object) -> bool:
 
 def engine_pids(log: str) -> list[int]:
     return [int(pid) for pid in re.findall(r"engine started \(pid (\d+)\)", log)]
-
-
-def wait_for(condition, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture(scope="module")
