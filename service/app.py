@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from service.middleware import (
     JsonOnlyMiddleware,
     MetricsMiddleware,
 )
-from service.probes import ProbeProcess, unavailable
+from service.probes import ProbeProcess, Verdict, unavailable
 from service.registry import ModelRegistry, ServedModel
 from service.repository import one_line
 from service.routes import router
@@ -62,6 +62,8 @@ class ServerState:
         self.inference = Inference(settings, self.registry, self.engine, self.executor, self.metrics)
         self.admission = AdmissionGate(settings.max_queue_s, settings.admission_floor)
         self.draining = False
+        self._last_verdict: Verdict | None = None
+        self.on_readiness_change: Callable[[Verdict], None] = lambda verdict: None
 
     def load(self) -> None:
         """Read the models and open their sessions (once): what can fail at start-up, before serving starts.
@@ -92,8 +94,17 @@ class ServerState:
                 self.registry.sync()
             await asyncio.sleep(0.1)
 
-    def readiness(self) -> tuple[int, dict[str, Any]]:
-        """/readyz's verdict (status, body), for the main port and the probe port's process alike."""
+    def readiness(self) -> Verdict:
+        """/readyz's verdict (status, body), for the main port and the probe port's process alike. A verdict that
+        differs from the last one goes to `on_readiness_change` before it is returned: the probe port never says
+        "not ready" after the main port said "ready"."""
+        verdict = self._verdict()
+        if verdict != self._last_verdict:
+            self._last_verdict = verdict
+            self.on_readiness_change(verdict)
+        return verdict
+
+    def _verdict(self) -> Verdict:
         registry = self.registry
         if self.draining:
             return unavailable("the server is shutting down")
@@ -159,6 +170,7 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
             sock = shared_port_socket(settings.host, settings.probe_port)
             probes = ProbeProcess(sock, server.readiness, settings.liveness_stall_s)
             probes.start()
+            server.on_readiness_change = probes.publish
         await server.engine.start(on_change=server.registry.sync)
         self_tests = asyncio.create_task(server.self_test_models(), name="self-tests")
         try:

@@ -52,8 +52,11 @@ class Inference:
         # Tokenizer outputs and numpy buffers of large requests stay in glibc's heap: return them once idle.
         self.memory = IdleRelease("frontend", settings.release_memory_idle_s, malloc_trim)
 
-    def model_for(self, name: str, task: str) -> ServedModel:
-        model = self.registry.get(name)
+    async def model_for(self, name: str, task: str, ticket: Ticket) -> ServedModel:
+        """The model, if it serves `task`. Waiting for an engine that is (re)connecting counts as queueing: it is
+        bounded by --max-queue-s and the request's deadline."""
+        wait_s = min(self.settings.max_queue_s, ticket.deadline - time.monotonic())
+        model = await self.registry.serving(name, wait_s)
         if model.task != task:
             raise WrongTask(
                 f"model {name} is a {model.task} model; use POST /v1/models/{name}/{ENDPOINT_OF_TASK[model.task]}"
@@ -80,7 +83,7 @@ class Inference:
     async def classify(
         self, name: str, inputs: list[classification.TextInput], top_k: int | None, ticket: Ticket
     ) -> tuple[list[list[dict]], Timings]:
-        model = self.model_for(name, "classification")
+        model = await self.model_for(name, "classification", ticket)
         self.check_count(len(inputs))
         truncate = self.settings.token_overflow == "truncate"
         timings = Timings()
@@ -97,7 +100,7 @@ class Inference:
         return results, timings
 
     async def ner(self, name: str, texts: list[str], strategy: str, ticket: Ticket) -> tuple[list[list[dict]], Timings]:
-        model = self.model_for(name, "ner")
+        model = await self.model_for(name, "ner", ticket)
         self.check_count(len(texts))
         self.check_texts([(f"inputs.{i}", text) for i, text in enumerate(texts)])
         timings = Timings()
@@ -119,7 +122,7 @@ class Inference:
     async def qa(
         self, name: str, pairs: list[tuple[str, str]], options: dict[str, Any], ticket: Ticket
     ) -> tuple[list[list[dict]], Timings]:
-        model = self.model_for(name, "qa")
+        model = await self.model_for(name, "qa", ticket)
         try:
             params = qa.QaParams(**options)
             params.window(model.max_length)

@@ -3,7 +3,8 @@
 - Start: the engine first (it loads and warms up every model), then the front-ends once its socket is there.
   Front-ends report ready (/readyz) only when the engine says its models are warmed up.
 - An engine that dies is restarted; the front-ends answer its in-flight requests 503 at once, report not ready
-  meanwhile, and reconnect by themselves. A front-end that dies is restarted.
+  meanwhile, and reconnect by themselves; new requests wait for it up to --max-queue-s. A front-end that dies is
+  restarted.
 - SIGTERM/SIGINT: the front-ends drain first (stop admitting, finish in-flight requests), then the engine stops.
 - Metrics: every process writes to one PROMETHEUS_MULTIPROC_DIR; any front-end's /metrics is the merged view.
 """

@@ -89,12 +89,16 @@ class ProbeProcess:
         host, port = self._sock.getsockname()[:2]
         log.info("probes on http://%s:%d (/livez, /readyz), answered by process %d", host, port, self._child.pid)
 
+    def publish(self, ready: Verdict) -> None:
+        """Write the state now (the heartbeat, or a readiness verdict that just changed)."""
+        try:
+            self.state.write(ready)
+        except OSError as exc:  # a full disk must not stop the server; the probe will say it is stale
+            log.warning("could not write the probe state: %s", exc)
+
     async def _beat(self) -> None:
         while True:
-            try:
-                self.state.write(self._readiness())
-            except OSError as exc:  # a full disk must not stop the server; the probe will say it is stale
-                log.warning("could not write the probe state: %s", exc)
+            self.publish(self._readiness())
             await asyncio.sleep(HEARTBEAT_S)
 
     def stop(self) -> None:

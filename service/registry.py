@@ -6,7 +6,10 @@ real request went through the whole path (tokenization, batching, the session, p
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +72,7 @@ class ModelRegistry:
         self.metrics = metrics
         self.engine = engine
         self.models: dict[str, ServedModel] = {}
+        self._changed: asyncio.Event | None = None  # set (and dropped) at the engine's next word
 
     def load(self) -> None:
         """Read every entry's config and tokenizer. StartupError where one fails and --load-failure is fail."""
@@ -92,6 +96,9 @@ class ModelRegistry:
         for model in self.models.values():
             model.engine_state = states.get(model.name, {})
             self.metrics.model_ready.labels(model.name).set(1 if model.status == "ready" else 0)
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     @property
     def ready(self) -> bool:
@@ -118,3 +125,20 @@ class ModelRegistry:
         if model.status != "ready" and not (model.status == "checking" and SELF_TEST.get()):
             raise NotReady(f"model {name} is still loading")
         return model
+
+    async def serving(self, name: str, wait_s: float) -> ServedModel:
+        """`get`, but a model that is not ready yet (the engine restarting, or this front-end reconnecting a moment
+        after its siblings did) is waited for, up to wait_s, before the 503: a pod whose /readyz said yes on one
+        front-end must not refuse requests on another for the few milliseconds between their reconnections."""
+        give_up = time.monotonic() + wait_s
+        while True:
+            try:
+                return self.get(name)
+            except NotReady:  # not ModelNotFound or ModelFailed: waiting cannot change those
+                remaining = give_up - time.monotonic()
+                if remaining <= 0 or SELF_TEST.get():
+                    raise
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)

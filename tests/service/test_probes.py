@@ -1,4 +1,4 @@
-"""The probe port: /livez and /readyz answered by a thread of their own."""
+"""The probe port: /livez and /readyz answered by a process of its own."""
 
 from __future__ import annotations
 
@@ -6,10 +6,15 @@ import time
 from pathlib import Path
 
 import httpx
+from fastapi.testclient import TestClient
 
 from benchmarks.serving import free_port
+from service import probes
+from service.app import create_app
 from service.http_server import shared_port_socket
 from service.probes import StateFile, probe_child
+from service.settings import Settings
+from tests.service.conftest import wait_for
 
 
 def test_a_server_answers_probes_on_its_probe_port(tiny_repository: Path, server_factory) -> None:
@@ -24,6 +29,18 @@ def test_a_server_answers_probes_on_its_probe_port(tiny_repository: Path, server
     assert missing.status_code == 404 and set(missing.json()) == {"error", "error_type", "field"}
     assert server.stop() == 0
     assert "probes on http://127.0.0.1:" in server.log()
+
+
+def test_the_probe_port_is_ready_as_soon_as_the_main_port_is(tiny_repository: Path, monkeypatch) -> None:
+    """A verdict that changes is written at once, not at the next heartbeat: once the main port has said ready,
+    the probe port says so too (CI once caught the probe port 503 right after the main port's 200)."""
+    monkeypatch.setattr(probes, "HEARTBEAT_S", 3600.0)  # one beat at start-up, then none during this test
+    probe_port = free_port()
+    settings = Settings(repository=tiny_repository, models=["bert-classification"], probe_port=probe_port)
+    with TestClient(create_app(settings)) as client:
+        assert wait_for(lambda: client.get("/readyz").status_code == 200)
+        ready = httpx.get(f"http://127.0.0.1:{probe_port}/readyz")
+        assert ready.status_code == 200 and ready.json() == client.get("/readyz").json()
 
 
 def test_the_probe_process_reports_a_stalled_event_loop_and_a_state_not_ready(tmp_path: Path) -> None:

@@ -123,7 +123,26 @@ def test_an_engine_that_dies_is_restarted_and_its_requests_get_503(tiny_reposito
     assert wait_for(lambda: len(engine_pids(server.log())) == 2), server.log()
     assert wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 200), server.log()
     assert "exited with -9; restarting it" in server.log()
-    assert all("results" in answer for answer in ask_everything(server.url))
+    answers = ask_everything(server.url)
+    assert all("results" in answer for answer in answers), (answers, server.log())
+
+
+def test_a_request_that_arrives_while_the_engine_restarts_waits_for_it(tiny_repository: Path, server_factory):
+    """Not in flight when the engine died: such a request waits (within --max-queue-s and its deadline) for the
+    new engine instead of a 503, so the front-ends that reconnect a moment after their siblings refuse nothing."""
+    server = server_factory(tiny_repository, *PROCESS, "--max-queue-s", "25")
+    os.kill(engine_pids(server.log())[-1], signal.SIGKILL)
+    assert wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 503, timeout=10)
+    answers = ask_everything(server.url)
+    assert all("results" in answer for answer in answers), answers
+    assert len(engine_pids(server.log())) == 2
+    # with no time to wait, the same gap is a clear 503 at once
+    short = server_factory(tiny_repository, *PROCESS, "--max-queue-s", "0.2")
+    os.kill(engine_pids(short.log())[-1], signal.SIGKILL)
+    assert wait_for(lambda: httpx.get(short.url + "/readyz").status_code == 503, timeout=10)
+    refused = httpx.post(short.url + "/v1/models/bert-classification/classify", json={"inputs": ["ok"]}, timeout=30)
+    assert refused.status_code == 503 and refused.json()["error_type"] == "unavailable", refused.text
+    assert refused.headers["retry-after"] == "1"
 
 
 def test_sigterm_drains_the_front_ends_then_stops_the_engine(tiny_repository: Path, server_factory) -> None:
