@@ -62,7 +62,12 @@ def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) 
     if checkpoint.task == "classification" and checkpoint.problem_type == "multi_label_classification":
         raise ExportError("--eval supports single-label classification only (this model is multi-label)")
     try:
-        reader = {"classification": _read_tsv, "ner": _read_conll, "qa": _read_squad}[checkpoint.task]
+        readers: dict[str, Callable[[Path, Checkpoint], list[Any]]] = {
+            "classification": _read_tsv,
+            "ner": _read_conll,
+            "qa": _read_squad,
+        }
+        reader = readers[checkpoint.task]
         examples = reader(path, checkpoint)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ExportError(f"--eval {path}: cannot read it as {FORMATS[checkpoint.task]}: {first_line(exc)}") from exc
@@ -136,7 +141,9 @@ def _read_squad(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str, list
 
 def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:
     tokenizer, task = checkpoint.tokenizer, checkpoint.task
-    rows, golds, extras = [], [], []
+    rows: list[Any] = []
+    golds: list[Any] = []
+    extras: list[Any] = []
     for example in examples:
         if task == "classification":
             text, pair, label = example
@@ -185,6 +192,7 @@ def _first_token_of_words(spans: list[tuple[int, int]], offsets: list[tuple[int,
 def predict(session: ort.InferenceSession, data: EvalSet, labels: list[str] | None) -> list[Any]:
     """Each example's answer: a label index, a tag per word, or an answer span (start, end) in characters."""
     answers: list[Any] = [None] * len(data)
+    tag_names = labels or []  # NER only: a token-classification checkpoint always names its labels
     names = ["logits"] if data.task != "qa" else ["start_logits", "end_logits"]
     for feed, chunk in zip(data.feeds, data.order, strict=True):
         outputs = session.run(names, feed)
@@ -193,7 +201,7 @@ def predict(session: ort.InferenceSession, data: EvalSet, labels: list[str] | No
                 answers[index] = int(outputs[0][row].argmax())
             elif data.task == "ner":
                 tags = outputs[0][row].argmax(-1)
-                answers[index] = [labels[tags[t]] if t is not None else "O" for t in data.extras[index]]
+                answers[index] = [tag_names[tags[t]] if t is not None else "O" for t in data.extras[index]]
             else:
                 answers[index] = _best_span(outputs[0][row], outputs[1][row], *data.extras[index][1:])
     return answers
@@ -224,8 +232,8 @@ def score(data: EvalSet, answers: list[Any]) -> dict[str, float]:
     texts = [extra[0][start:end] for extra, (start, end) in zip(data.extras, answers, strict=True)]
     pairs = list(zip(texts, data.golds, strict=True))
     exact = [max(normalize_answer(t) == normalize_answer(g) for g in golds) for t, golds in pairs]
-    f1 = [max(answer_f1(t, g) for g in golds) for t, golds in pairs]
-    return {"exact_match": round(100 * float(np.mean(exact)), 2), "f1": round(100 * float(np.mean(f1)), 2)}
+    f1s = [max(answer_f1(t, g) for g in golds) for t, golds in pairs]
+    return {"exact_match": round(100 * float(np.mean(exact)), 2), "f1": round(100 * float(np.mean(f1s)), 2)}
 
 
 def agreement(task: str, answers: list[Any], reference: list[Any]) -> float:
@@ -239,12 +247,14 @@ def agreement(task: str, answers: list[Any], reference: list[Any]) -> float:
 
 def entity_spans(tags: list[str]) -> set[tuple[int, int, str]]:
     """IOB tags -> (first word, last word, type) spans, as conlleval counts them."""
-    spans, start, kind = set(), None, None
+    spans: set[tuple[int, int, str]] = set()
+    start: int | None = None
+    kind = ""
     for i, tag in enumerate([*tags, "O"]):
         prefix, _, label = tag.partition("-")
         if start is not None and (prefix != "I" or label != kind):
             spans.add((start, i - 1, kind))
-            start = kind = None
+            start, kind = None, ""
         if prefix == "B" or (prefix == "I" and start is None):
             start, kind = i, label
     return spans
@@ -300,7 +310,7 @@ def measure_variants(
 ) -> dict[str, dict]:
     """Per variant, its record; a str in place of a session is why that variant could not be measured."""
     progress(f"measuring fp32 on {data.path.name} ({len(data)} examples)")
-    reference = predict(sessions["fp32"], data, labels)  # type: ignore[arg-type]
+    reference = predict(sessions["fp32"], data, labels)
     reference_scores = score(data, reference)
     records = {"fp32": judge(data.task, reference_scores, reference_scores, 1.0, budget)}
     for variant, session in sessions.items():

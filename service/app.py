@@ -220,6 +220,6 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
 
 def _variant_accuracy(config: ModelConfig | None, variant: str | None) -> dict[str, Any] | None:
     """The served variant's figures measured at export on labelled data (--eval), where there are any."""
-    if config is None or variant not in config.variants:
+    if config is None or variant is None or variant not in config.variants:
         return None
     return config.variants[variant].get("accuracy")

@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -164,7 +164,7 @@ class HttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if self.transport.is_closing():
             return
-        in_app = None  # the request the app is reading, where the error is about its body
+        in_app: dict[str, Any] | None = None  # the request the app is reading, where the error is about its body
         if cycle is not None and not cycle.response_complete:
             if not cycle.more_body:  # about a pipelined request behind one still being answered: answer that one
                 cycle.keep_alive = False
@@ -175,7 +175,7 @@ class HttpProtocol(HttpToolsProtocol):
                 return
             # the app has (or will have, its task is created) this request: its id and one access line are the
             # app's, saying what the client got
-            in_app = cycle.scope
+            in_app = cast(dict[str, Any], cycle.scope)  # an ASGI scope: ours to annotate, as logs.py does
             in_app[SCOPE_STATUS] = error.status_code
         request_id = uuid.uuid4().hex if in_app is None else in_app.setdefault(SCOPE_REQUEST_ID, uuid.uuid4().hex)
         body = error_body(error)

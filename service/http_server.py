@@ -4,6 +4,8 @@ finish what is in flight, then exit. Used by the in-process server and by each f
 from __future__ import annotations
 
 import socket
+from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -13,7 +15,7 @@ from service.settings import Settings
 
 
 class DrainingServer(uvicorn.Server):
-    def handle_exit(self, sig: int, frame: object) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state = _find_state(self.config.loaded_app)  # loaded_app may be wrapped in uvicorn's middleware
         if state is not None:
             state.draining = True
@@ -23,7 +25,7 @@ class DrainingServer(uvicorn.Server):
         self._captured_signals.clear()
 
 
-def _find_state(app: object) -> object | None:
+def _find_state(app: Any) -> Any:
     for _ in range(10):
         if app is None:
             return None

@@ -58,9 +58,8 @@ class Inference:
         wait_s = min(self.settings.max_queue_s, ticket.deadline - time.monotonic())
         model = await self.registry.serving(name, wait_s)
         if model.task != task:
-            raise WrongTask(
-                f"model {name} is a {model.task} model; use POST /v1/models/{name}/{ENDPOINT_OF_TASK[model.task]}"
-            )
+            endpoint = ENDPOINT_OF_TASK.get(model.task or "", "")
+            raise WrongTask(f"model {name} is a {model.task} model; use POST /v1/models/{name}/{endpoint}")
         return model
 
     def check_texts(self, texts: Sequence[tuple[str, str]]) -> None:
@@ -91,7 +90,7 @@ class Inference:
         self.check_texts(texts)
         rows = await self._off_loop(
             timings,
-            lambda: classification.prepare(model.tokenizer, inputs, model.max_length, truncate),
+            lambda: classification.prepare(model.loaded_tokenizer, inputs, model.max_length, truncate),
             inline=sum(len(text) for _, text in texts) <= INLINE_CHARS,
         )
         outputs = await self._run(model, rows, ticket, timings)
@@ -104,9 +103,9 @@ class Inference:
         self.check_count(len(texts))
         self.check_texts([(f"inputs.{i}", text) for i, text in enumerate(texts)])
         timings = Timings()
-        stride = ner.default_stride(model.tokenizer, model.max_length)
+        stride = ner.default_stride(model.loaded_tokenizer, model.max_length)
         features = await self._off_loop(
-            timings, lambda: [ner.prepare(model.tokenizer, text, model.max_length, stride) for text in texts]
+            timings, lambda: [ner.prepare(model.loaded_tokenizer, text, model.max_length, stride) for text in texts]
         )
         outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
         per_input = _split(outputs, [len(f.rows) for f in features])
@@ -140,7 +139,7 @@ class Inference:
         features = await self._off_loop(
             timings,
             lambda: qa.prepare_all(
-                model.tokenizer, pairs, params, model.max_length, s.max_qa_windows, s.max_chars_per_input
+                model.loaded_tokenizer, pairs, params, model.max_length, s.max_qa_windows, s.max_chars_per_input
             ),
         )
         outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)

@@ -17,10 +17,10 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("bertserve_request_id", default=None)
 REQUEST_ID_HEADER = b"x-request-id"
@@ -32,10 +32,6 @@ MAX_REQUEST_ID_CHARS = 128
 _SANE_ID = re.compile(rb"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 access_log = logging.getLogger("service.access")
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-ASGIApp = Callable[..., Any]
 
 
 def request_id_from(raw: bytes | None) -> str:
@@ -135,7 +131,7 @@ class RequestContextMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

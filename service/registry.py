@@ -56,6 +56,13 @@ class ServedModel:
         return self.config.task if self.config else None
 
     @property
+    def loaded_tokenizer(self) -> TextTokenizer:
+        """The tokenizer of a model that loaded (any model `ModelRegistry.get` returns)."""
+        if self.tokenizer is None:
+            raise ModelFailed(f"model {self.name} failed to load: {self.failure}")
+        return self.tokenizer
+
+    @property
     def labels(self) -> list[str]:
         return list(self.config.labels) if self.config else []
 
@@ -114,10 +121,16 @@ class ModelRegistry:
     def loading(self) -> list[str]:
         return sorted(m.name for m in self.models.values() if m.status in ("loading", "checking"))
 
-    def get(self, name: str) -> ServedModel:
+    def lookup(self, name: str) -> ServedModel:
+        """The model named `name`, whatever its status; ModelNotFound where there is none."""
         model = self.models.get(name)
         if model is None:
             raise ModelNotFound(f"no model named {name[:100]!r}; GET /v1/models lists the served models")
+        return model
+
+    def get(self, name: str) -> ServedModel:
+        """The model, ready to answer: ModelFailed, EngineUnavailable or NotReady otherwise."""
+        model = self.lookup(name)
         if model.status == "failed":
             raise ModelFailed(f"model {name} failed to load: {model.failure}")
         if not self.engine.connected:

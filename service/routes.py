@@ -57,10 +57,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 )
 async def get_model(name: str, request: Request) -> dict[str, Any]:
     server = state(request)
-    model = server.registry.models.get(name)
-    if model is None:
-        server.registry.get(name)  # raises ModelNotFound, with its message
-    return server.model_info(model)
+    return server.model_info(server.registry.lookup(name))
 
 
 @router.post(

@@ -111,7 +111,7 @@ class Batcher:
     def __init__(
         self,
         name: str,
-        runner: Callable[[list[Any]], Sequence[Any]],
+        runner: Callable[[Any], Sequence[Any]],  # takes prepare's output where prepare is given, else the items
         *,
         max_batch_size: int,
         max_batch_tokens: int,
@@ -292,10 +292,11 @@ class Batcher:
             count = high - low + 2
             fits_left = left is not None and self._fits(by_length[high].length, count, real + left.length)
             fits_right = right is not None and self._fits(right.length, count, real + right.length)
-            if fits_left and (not fits_right or oldest.length - left.length <= right.length - oldest.length):
+            right_nearer = right is not None and right.length - oldest.length < oldest.length - (left or oldest).length
+            if left is not None and fits_left and not (fits_right and right_nearer):
                 low -= 1
                 real += left.length
-            elif fits_right:
+            elif right is not None and fits_right:
                 high += 1
                 real += right.length
             else:
