@@ -16,6 +16,7 @@ from service import schemas
 from service.engine.batcher import Ticket
 from service.errors import NotReady
 from service.inference import Timings
+from service.logs import REQUEST_ID
 
 if TYPE_CHECKING:
     from service.app import ServerState
@@ -112,7 +113,7 @@ async def admitted(request: Request) -> AsyncIterator[Ticket]:
     server = state(request)
     if server.draining:
         raise NotReady("the server is shutting down")
-    ticket = Ticket.with_timeout(server.settings.request_timeout_s)
+    ticket = Ticket.with_timeout(server.settings.request_timeout_s, request_id=REQUEST_ID.get())
     ticket.started = time.perf_counter()
     watcher = asyncio.create_task(_watch_disconnect(request, ticket))
     try:

@@ -51,10 +51,11 @@ class Ticket:
     inference_seconds: float = 0.0  # run time of the batches its rows were in
     inference_calls: int = 0
     on_cancel: list[Callable[[], None]] = field(default_factory=list)
+    request_id: str | None = None  # the HTTP request's x-request-id, for the log lines about its rows
 
     @classmethod
-    def with_timeout(cls, seconds: float) -> Ticket:
-        return cls(deadline=time.monotonic() + seconds)
+    def with_timeout(cls, seconds: float, request_id: str | None = None) -> Ticket:
+        return cls(deadline=time.monotonic() + seconds, request_id=request_id)
 
     def cancel(self) -> None:
         """The client went away (or the deadline passed): drop the rows not run yet, tell whoever listens."""
@@ -249,7 +250,9 @@ class Batcher:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._prepare_executor, self._prepare, rows)
         except Exception:
-            log.exception("batcher %s: preparing a batch of %d rows failed", self.name, len(batch))
+            log.exception(
+                "batcher %s: preparing a batch of %d rows failed (requests %s)", self.name, len(batch), _ids(batch)
+            )
             self._fail(batch)
             return _FAILED
 
@@ -323,7 +326,7 @@ class Batcher:
             if len(outputs) != len(batch):
                 raise RuntimeError(f"runner returned {len(outputs)} outputs for {len(batch)} rows")
         except Exception:
-            log.exception("batcher %s: a batch of %d rows failed", self.name, len(batch))
+            log.exception("batcher %s: a batch of %d rows failed (requests %s)", self.name, len(batch), _ids(batch))
             self._fail(batch)
         else:
             for item, output in zip(batch, outputs, strict=True):
@@ -364,3 +367,8 @@ class Batcher:
     def _report_depth(self) -> None:
         if self._observer is not None:
             self._observer.on_queue_depth(len(self._pending))
+
+
+def _ids(batch: list[_Item]) -> str:
+    """The request ids of a batch's rows, each once, for a log line about the batch (which spans requests)."""
+    return ", ".join(dict.fromkeys(item.ticket.request_id or "-" for item in batch))

@@ -20,6 +20,7 @@ from service import protocol
 from service.engine.batcher import Ticket
 from service.engine.core import EngineCore
 from service.errors import InferenceFailed, ServiceError
+from service.logs import REQUEST_ID
 from service.metrics import Metrics
 from service.repository import StartupError
 from service.settings import Settings
@@ -70,7 +71,7 @@ class EngineServer:
                 frame = await protocol.read_frame(reader)
                 op, request_id = frame.header.get("op"), int(frame.header.get("id", -1))
                 if op == "infer":
-                    ticket = Ticket.with_timeout(float(frame.header["timeout"]))
+                    ticket = Ticket.with_timeout(float(frame.header["timeout"]), frame.header.get("request_id"))
                     tickets[request_id] = ticket
                     task = asyncio.create_task(self._infer(writer, frame, ticket, tickets))
                     self._requests.add(task)
@@ -89,6 +90,7 @@ class EngineServer:
 
     async def _infer(self, writer: protocol.FrameWriter, frame: protocol.Frame, ticket: Ticket, tickets: dict) -> None:
         header, request_id = frame.header, int(frame.header["id"])
+        REQUEST_ID.set(ticket.request_id)  # this task's log lines name the HTTP request, as the front-end's do
         try:
             lengths = [int(n) for n in header["lengths"]]
             ids = protocol.split_rows(frame.arrays["input_ids"], lengths)
@@ -104,7 +106,7 @@ class EngineServer:
         except ServiceError as exc:
             reply = protocol.encode(protocol.error_header(request_id, exc))
         except Exception:
-            log.exception("engine: request %d failed", request_id)
+            log.exception("engine: frame %d failed", request_id)
             reply = protocol.encode(protocol.error_header(request_id, InferenceFailed("inference failed")))
         finally:
             tickets.pop(request_id, None)
