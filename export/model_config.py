@@ -38,6 +38,7 @@ class ModelConfig:
     tokenizer: TokenizerSpec
     variants: Mapping[str, Mapping[str, Any]]  # name -> {"file": ..., validation and other figures}
     demo: bool
+    vocab_size: int | None  # the model's word-embedding rows (entries exported before it was recorded: None)
     raw: Mapping[str, Any]  # the whole document, for what only reports read
 
     @property
@@ -74,6 +75,7 @@ class ModelConfig:
             tokenizer=TokenizerSpec(str(_field(tokenizer, "file", str)), int(tokenizer.get("pad_token_id") or 0)),
             variants=variants,
             demo=bool(data.get("demo", False)),
+            vocab_size=_optional_int(data.get("encoder"), "vocab_size"),
             raw=data,
         )
 
@@ -86,4 +88,13 @@ def _field(data: Mapping[str, Any], name: str, kind: type) -> Any:
     value = data.get(name)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ValueError(f"{MODEL_CONFIG} field {name!r} is missing or not a {kind.__name__}")
+    return value
+
+
+def _optional_int(section: Any, key: str) -> int | None:
+    value = section.get(key) if isinstance(section, Mapping) else None
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{MODEL_CONFIG} encoder.{key} must be a positive integer, not {value!r}")
     return value

@@ -282,6 +282,8 @@ def _entry_config(
             "layers": checkpoint.num_layers,
             "heads": checkpoint.num_heads,
             "hidden_size": checkpoint.hidden_size,
+            # rows of the word-embedding table: the server refuses a tokenizer.json with ids past it
+            "vocab_size": int(checkpoint.model.config.vocab_size),
         },
         "tokenizer": tokenizer,
         "default_variant": {"cpu": cpu_default(variants), "cuda": "fp16" if "fp16" in variants else "fp32"},

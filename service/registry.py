@@ -73,6 +73,15 @@ class ServedModel:
         return self.config.max_length
 
 
+def _check_vocabulary(config: ModelConfig, tokenizer: TextTokenizer) -> None:
+    """A tokenizer with ids the model has no embedding for would fail every batch that meets one of them."""
+    if config.vocab_size is not None and tokenizer.max_token_id >= config.vocab_size:
+        raise ValueError(
+            f"{config.tokenizer.file} has token ids up to {tokenizer.max_token_id}, but the model's vocabulary has "
+            f"{config.vocab_size} entries: the tokenizer belongs to another model (export the checkpoint again)"
+        )
+
+
 class ModelRegistry:
     def __init__(self, settings: Settings, metrics: Metrics, engine: Engine) -> None:
         self.settings = settings
@@ -90,6 +99,7 @@ class ModelRegistry:
                 model.config = read_config(entry)
                 spec = model.config.tokenizer
                 model.tokenizer = TextTokenizer(entry / spec.file, spec.pad_token_id)
+                _check_vocabulary(model.config, model.tokenizer)
             except Exception as exc:
                 model.error = one_line(exc, self.settings)
                 log.error("model %s failed to load: %s", model.name, model.error)

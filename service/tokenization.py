@@ -22,7 +22,8 @@ TruncationStrategy = Literal["longest_first", "only_first", "only_second"]
 class TextTokenizer:
     def __init__(self, path: Path, pad_token_id: int) -> None:
         self._json = path.read_text(encoding="utf-8")
-        Tokenizer.from_str(self._json)  # fail at load time, not on the first request
+        loaded = Tokenizer.from_str(self._json)  # fail at load time, not on the first request
+        self.max_token_id = max(loaded.get_vocab(with_added_tokens=True).values(), default=-1)
         self.pad_token_id = pad_token_id
         self._local = threading.local()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,8 +12,12 @@ import httpx
 def test_a_model_that_loads_but_cannot_answer_is_reported_failed(tiny_repository: Path, tmp_path: Path, server_factory):
     shutil.copytree(tiny_repository / "bert-classification", tmp_path / "good")
     shutil.copytree(tiny_repository / "bert-classification", tmp_path / "wrong-tokenizer")
-    # another model's tokenizer: it loads, and its ids run past this model's vocabulary
+    # another model's tokenizer: it loads, and its ids run past this model's vocabulary; model.json without the
+    # vocabulary size (an entry exported before it was recorded), so only the self-test can find out
     shutil.copy(tiny_repository / "roberta-classification" / "tokenizer.json", tmp_path / "wrong-tokenizer")
+    config = json.loads((tmp_path / "wrong-tokenizer" / "model.json").read_text())
+    del config["encoder"]["vocab_size"]
+    (tmp_path / "wrong-tokenizer" / "model.json").write_text(json.dumps(config))
     server = server_factory(tmp_path, "--log-level", "info")
     with server.client() as client:
         ready = client.get("/readyz")
