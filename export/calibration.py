@@ -75,8 +75,14 @@ def calibration_feeds(checkpoint: Checkpoint, texts: list[Text]) -> list[dict[st
     return feeds
 
 
-def write_int8_static(dynamic: Path, out: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, Any]:
-    """Freeze the activation scales of `dynamic` (a quantize_dynamic output) on `feeds`; returns what was done."""
+def write_int8_static(
+    dynamic: Path, out: Path, feeds: list[dict[str, np.ndarray]], fp32: Path | None = None
+) -> dict[str, Any]:
+    """Freeze the activation scales of `dynamic` (a quantize_dynamic output of `fp32`) on `feeds`.
+
+    Returns what was done. `fp32` gives the exact weight rows for the outlier channels (else they are the
+    dequantized int8 rows, whose rounding those channels' large values amplify).
+    """
     model = onnx.load(str(dynamic))
     quantizers = [node for node in model.graph.node if node.op_type == "DynamicQuantizeLinear"]
     if not quantizers:
@@ -84,33 +90,177 @@ def write_int8_static(dynamic: Path, out: Path, feeds: list[dict[str, np.ndarray
     if not feeds:
         raise ExportError("static int8: no calibration inputs")
     ranges = _observed_ranges(model, sorted({node.input[0] for node in quantizers}), feeds)
-    frozen = []
+    chains = _integer_matmul_chains(model)
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    exact = _float_weights(fp32, {chain.matmul.input[1] for chain in chains}) if fp32 is not None else {}
+    before: dict[int, list[onnx.NodeProto]] = {}
+    after: dict[int, list[onnx.NodeProto]] = {}
+    replacements: dict[int, onnx.NodeProto] = {}
+    split = 0
     for node in quantizers:
-        low, high = ranges[node.input[0]]
-        scale, zero_point = uint8_scale(low, high)
-        _, scale_name, zero_point_name = node.output
+        source, quantized, scale_name, zero_point_name = node.input[0], *node.output
+        low, high = ranges[source]
+        users = [chain for chain in chains if chain.matmul.input[0] == quantized]
+        outliers = outlier_channels(low, high) if users and len(users) == _use_count(model, quantized) else []
+        keep = np.ones(len(low), dtype=bool)
+        keep[outliers] = False
+        scale, zero_point = uint8_scale(float(low[keep].min()), float(high[keep].max()))
         model.graph.initializer.extend(
             [
                 numpy_helper.from_array(np.array(scale, dtype=np.float32), scale_name),
                 numpy_helper.from_array(np.array(zero_point, dtype=np.uint8), zero_point_name),
             ]
         )
-        frozen.append(
-            helper.make_node("QuantizeLinear", [node.input[0], scale_name, zero_point_name], [node.output[0]])
+        quantizer_input = source
+        if outliers:
+            split += 1
+            quantizer_input, extra, gathered = _split_outliers(model, node.name, source, outliers, keep)
+            before[id(node)] = extra
+            for chain in users:
+                after[id(chain.mul)] = _outlier_product(model, chain, gathered, outliers, initializers, exact)
+        replacements[id(node)] = helper.make_node(
+            "QuantizeLinear", [quantizer_input, scale_name, zero_point_name], [quantized], name=f"{node.name}.static"
         )
-        frozen[-1].name = f"{node.name}.static"
-    replacements = {id(node): new for node, new in zip(quantizers, frozen, strict=True)}
-    nodes = [replacements.get(id(node), node) for node in model.graph.node]
+    nodes = []
+    for node in model.graph.node:
+        nodes.extend(before.get(id(node), []))
+        nodes.append(replacements.get(id(node), node))
+        nodes.extend(after.get(id(node), []))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     fused = fuse_integer_matmuls(model)
     onnx.save(model, str(out))
     return {
-        "activations": len(frozen),
+        "activations": len(replacements),
         "inputs": len(feeds),
-        "method": "min-max over the calibration inputs",
+        "method": (
+            "min-max over the calibration inputs; outlier channels (largest |value| over "
+            f"{OUTLIER_RATIO:g}x the median channel's, at most {MAX_OUTLIER_CHANNELS}) of a MatMul's input "
+            "left out of its int8 range and multiplied in fp32"
+        ),
+        "outlier_split_activations": split,
         "fused_matmuls": fused,
     }
+
+
+# BERT-family hidden states carry a few channels with values an order of magnitude above the rest at every token
+# (MiniLM: one channel near 28-30 against a median channel of 1.8 after the attention LayerNorm). One per-tensor
+# uint8 scale over that range leaves the other 383 channels with a handful of levels. Those channels go round
+# the int8 product: masked to 0 before quantization, multiplied in fp32 by their weight rows and added back.
+OUTLIER_RATIO = 8.0
+MAX_OUTLIER_CHANNELS = 4
+
+
+def outlier_channels(low: np.ndarray, high: np.ndarray) -> list[int]:
+    """Channels whose largest |value| is OUTLIER_RATIO times the median channel's or more, largest first."""
+    peak = np.maximum(np.abs(low), np.abs(high))
+    median = float(np.median(peak))
+    if peak.size < 2 * MAX_OUTLIER_CHANNELS or median <= 0:
+        return []
+    order = [int(c) for c in np.argsort(-peak, kind="stable") if peak[c] >= OUTLIER_RATIO * median]
+    return order[:MAX_OUTLIER_CHANNELS]
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """MatMulInteger -> Cast -> Mul(a_scale * b_scale): the int8 product as quantize_dynamic writes it."""
+
+    matmul: onnx.NodeProto
+    mul: onnx.NodeProto
+    weight_scale: str
+
+
+def _integer_matmul_chains(model: onnx.ModelProto) -> list[_Chain]:
+    producer = {output: node for node in model.graph.node for output in node.output}
+    consumers = _consumers(model)
+    chains = []
+    for node in model.graph.node:
+        if node.op_type != "MatMulInteger" or len(node.input) != 4:
+            continue
+        cast = _only_consumer(consumers, node.output[0], "Cast")
+        mul = _only_consumer(consumers, cast.output[0], "Mul") if cast is not None else None
+        if mul is None:
+            continue
+        scales = producer.get(mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0])
+        if scales is None or scales.op_type != "Mul":
+            continue
+        chains.append(_Chain(node, mul, scales.input[1]))
+    return chains
+
+
+def _split_outliers(
+    model: onnx.ModelProto, name: str, source: str, outliers: list[int], keep: np.ndarray
+) -> tuple[str, list[onnx.NodeProto], str]:
+    """`source` with the outlier channels zeroed (what gets quantized), and those channels gathered apart."""
+    mask, index = f"{name}.inlier_mask", f"{name}.outlier_index"
+    masked, gathered = f"{source}.inliers", f"{source}.outliers"
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(keep.astype(np.float32), mask),
+            numpy_helper.from_array(np.array(outliers, dtype=np.int64), index),
+        ]
+    )
+    nodes = [
+        helper.make_node("Mul", [source, mask], [masked], name=f"{name}.mask_outliers"),
+        helper.make_node("Gather", [source, index], [gathered], name=f"{name}.gather_outliers", axis=-1),
+    ]
+    return masked, nodes, gathered
+
+
+def _outlier_product(
+    model: onnx.ModelProto,
+    chain: _Chain,
+    gathered: str,
+    outliers: list[int],
+    initializers: dict[str, onnx.TensorProto],
+    exact: dict[str, np.ndarray],
+) -> list[onnx.NodeProto]:
+    """The outlier channels times their weight rows in fp32, added to the int8 product's output."""
+    _, weight, _, weight_zero_point = chain.matmul.input
+    quantized = numpy_helper.to_array(initializers[weight])[outliers].astype(np.float32)
+    zero_point = numpy_helper.to_array(initializers[weight_zero_point]).astype(np.float32)
+    weight_scale = numpy_helper.to_array(initializers[chain.weight_scale]).astype(np.float32)
+    rows = (quantized - zero_point) * weight_scale
+    original = exact.get(weight)
+    # The fp32 tensor of the same name is used only where it is this weight (a MatMul by a transposed
+    # initializer is folded by quantize_dynamic into a new weight under the old name): same shape, and
+    # within one rounding step of the int8 rows.
+    if original is not None and original.shape == _shape(initializers[weight]):
+        candidate = original[outliers].astype(np.float32)
+        if np.all(np.abs(candidate - rows) <= np.abs(weight_scale) * 0.5 + 1e-6):
+            rows = candidate
+    name = chain.matmul.name
+    rows_name = f"{name}.outlier_rows"
+    model.graph.initializer.append(numpy_helper.from_array(rows, rows_name))
+    output = chain.mul.output[0]
+    chain.mul.output[0] = f"{output}.inliers"
+    return [
+        helper.make_node("MatMul", [gathered, rows_name], [f"{output}.outliers"], name=f"{name}.outlier_matmul"),
+        helper.make_node("Add", [chain.mul.output[0], f"{output}.outliers"], [output], name=f"{name}.add_outliers"),
+    ]
+
+
+def _shape(tensor: onnx.TensorProto) -> tuple[int, ...]:
+    return tuple(int(d) for d in tensor.dims)
+
+
+def _float_weights(fp32: Path, quantized: set[str]) -> dict[str, np.ndarray]:
+    """The fp32 weights behind quantize_dynamic's `NAME_quantized` initializers, by the quantized name."""
+    wanted = {name.removesuffix("_quantized"): name for name in quantized if name.endswith("_quantized")}
+    graph = onnx.load(str(fp32)).graph
+    return {wanted[t.name]: numpy_helper.to_array(t) for t in graph.initializer if t.name in wanted}
+
+
+def _use_count(model: onnx.ModelProto, tensor: str) -> int:
+    return sum(name == tensor for node in model.graph.node for name in node.input)
+
+
+def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return consumers
 
 
 def fuse_integer_matmuls(model: onnx.ModelProto) -> int:
@@ -171,7 +321,8 @@ def uint8_scale(low: float, high: float) -> tuple[float, int]:
 
 def _observed_ranges(
     model: onnx.ModelProto, tensors: list[str], feeds: list[dict[str, np.ndarray]]
-) -> dict[str, tuple[float, float]]:
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per tensor, the lowest and highest value of each channel (last axis) over the feeds."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     del probe.graph.output[:]
@@ -182,13 +333,16 @@ def _observed_ranges(
         session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise ExportError(f"static int8: cannot run the graph to calibrate it: {first_line(exc)}") from exc
-    low = np.full(len(tensors), np.inf)
-    high = np.full(len(tensors), -np.inf)
+    low: dict[str, np.ndarray] = {}
+    high: dict[str, np.ndarray] = {}
     for feed in feeds:
-        for i, value in enumerate(session.run(tensors, feed)):
-            low[i] = min(low[i], float(value.min()))
-            high[i] = max(high[i], float(value.max()))
-    if not (np.isfinite(low).all() and np.isfinite(high).all()):
-        bad = tensors[int(np.argmin(np.isfinite(low) & np.isfinite(high)))]
-        raise ExportError(f"static int8: calibration found a non-finite value in {bad}; the model cannot be quantized")
-    return {name: (float(lo), float(hi)) for name, lo, hi in zip(tensors, low, high, strict=True)}
+        for name, value in zip(tensors, session.run(tensors, feed), strict=True):
+            rows = value.reshape(-1, value.shape[-1]) if value.ndim else value.reshape(1, 1)
+            low[name] = np.minimum(low[name], rows.min(axis=0)) if name in low else rows.min(axis=0)
+            high[name] = np.maximum(high[name], rows.max(axis=0)) if name in high else rows.max(axis=0)
+    for name in tensors:
+        if not (np.isfinite(low[name]).all() and np.isfinite(high[name]).all()):
+            raise ExportError(
+                f"static int8: calibration found a non-finite value in {name}; the model cannot be quantized"
+            )
+    return {name: (low[name].astype(np.float64), high[name].astype(np.float64)) for name in tensors}

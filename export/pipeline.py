@@ -155,7 +155,7 @@ def _write_variant(
     if variant == "int8" and calibration is not None:
         progress(f"calibrating int8 on {len(calibration.texts)} inputs ({calibration.source})")
         feeds = calibration_feeds(checkpoint, calibration.texts)
-        made = write_int8_static(dynamic, staging / file_name(variant), feeds)
+        made = write_int8_static(dynamic, staging / file_name(variant), feeds, fp32)
         return {"calibration": {"text": calibration.source, **made}}
     return {}
 

@@ -48,6 +48,7 @@ def test_real_checkpoint_exports_fused_and_matches_pytorch(workdir: Path, cell: 
     int8_session = ort.InferenceSession(str(entry / "model.int8.onnx"), providers=["CPUExecutionProvider"])
     model = result_model(checkpoint, cell)
     worst, agree_fp32, agree_int8, total = 0.0, 0, 0, 0
+    int8_squared: list[np.ndarray] = []
     for feed in batches:
         with torch.no_grad():
             out = model(**{k: torch.from_numpy(v) for k, v in feed.items()})
@@ -59,9 +60,17 @@ def test_real_checkpoint_exports_fused_and_matches_pytorch(workdir: Path, cell: 
         same32, count, _ = agreement(cell.task, config["problem_type"], reference, got32, mask)
         same8, _, _ = agreement(cell.task, config["problem_type"], reference, got8, mask)
         agree_fp32, agree_int8, total = agree_fp32 + same32, agree_int8 + same8, total + count
+        if cell.task == "qa":
+            int8_squared.extend((got8[name] - got32[name])[mask] ** 2 for name in config["outputs"])
     assert worst <= 1e-4, f"fp32 max |diff| {worst:.2e} on real text"
     assert agree_fp32 == total
     assert agree_int8 / total >= (0.75 if cell.task == "qa" else 0.9)
+    if cell.task == "qa":
+        # SQuAD answer spans flip with small logit moves. With one uint8 range per activation stretched over
+        # the hidden state's outlier channel, static int8 moved these logits by 0.28 rms (and roberta-squad
+        # lost 2.4 F1 points on 500 questions); with the outlier channels multiplied in fp32, 0.13.
+        rms = float(np.sqrt(np.concatenate(int8_squared).mean()))
+        assert rms <= 0.2, f"int8 start/end logits differ from fp32 by {rms:.3f} rms on real questions"
 
 
 def result_model(checkpoint: Path, cell: Cell):
