@@ -47,10 +47,12 @@ run: demo
 test: $(INSTALLED)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 lint: $(INSTALLED)
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 format: $(INSTALLED)
 	$(PY) -m ruff format .
