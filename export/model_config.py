@@ -75,7 +75,7 @@ class ModelConfig:
             tokenizer=TokenizerSpec(str(_field(tokenizer, "file", str)), int(tokenizer.get("pad_token_id") or 0)),
             variants=variants,
             demo=bool(data.get("demo", False)),
-            vocab_size=_optional_int(data.get("encoder"), "vocab_size"),
+            vocab_size=_vocab_size(data),
             raw=data,
         )
 
@@ -91,10 +91,12 @@ def _field(data: Mapping[str, Any], name: str, kind: type) -> Any:
     return value
 
 
-def _optional_int(section: Any, key: str) -> int | None:
-    value = section.get(key) if isinstance(section, Mapping) else None
-    if value is None:
+def _vocab_size(data: Mapping[str, Any]) -> int | None:
+    """encoder.vocab_size; None in entries exported before it was recorded."""
+    encoder = data.get("encoder")
+    if not isinstance(encoder, Mapping) or encoder.get("vocab_size") is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{MODEL_CONFIG} encoder.{key} must be a positive integer, not {value!r}")
-    return value
+    size = _field(encoder, "vocab_size", int)
+    if size < 1:
+        raise ValueError(f"{MODEL_CONFIG} encoder.vocab_size {size} is not a vocabulary size")
+    return size

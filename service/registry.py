@@ -51,6 +51,10 @@ class ServedModel:
     def failure(self) -> str | None:
         return self.error or self.engine_state.get("error")
 
+    def load_failure(self) -> ModelFailed:
+        """The error a request to this model gets while it is failed."""
+        return ModelFailed(f"model {self.name} failed to load: {self.failure}")
+
     @property
     def task(self) -> str | None:
         return self.config.task if self.config else None
@@ -59,7 +63,7 @@ class ServedModel:
     def loaded_tokenizer(self) -> TextTokenizer:
         """The tokenizer of a model that loaded (any model `ModelRegistry.get` returns)."""
         if self.tokenizer is None:
-            raise ModelFailed(f"model {self.name} failed to load: {self.failure}")
+            raise self.load_failure()
         return self.tokenizer
 
     @property
@@ -69,7 +73,7 @@ class ServedModel:
     @property
     def max_length(self) -> int:
         if self.config is None:
-            raise ModelFailed(f"model {self.name} failed to load: {self.failure}")
+            raise self.load_failure()
         return self.config.max_length
 
 
@@ -142,7 +146,7 @@ class ModelRegistry:
         """The model, ready to answer: ModelFailed, EngineUnavailable or NotReady otherwise."""
         model = self.lookup(name)
         if model.status == "failed":
-            raise ModelFailed(f"model {name} failed to load: {model.failure}")
+            raise model.load_failure()
         if not self.engine.connected:
             raise EngineUnavailable("the engine is not connected (starting or restarting); try again shortly")
         if model.status != "ready" and not (model.status == "checking" and SELF_TEST.get()):

@@ -46,6 +46,8 @@ def test_an_exported_entry_reads_back_typed(entry: Path, written: dict) -> None:
         (lambda c: c["tokenizer"].pop("file"), "'file' is missing"),
         (lambda c: c["variants"].pop("fp32"), "must include fp32"),
         (lambda c: c.update(outputs="logits"), "'outputs' is missing or not a list"),
+        (lambda c: c["encoder"].update(vocab_size="30522"), "'vocab_size' is missing or not a int"),
+        (lambda c: c["encoder"].update(vocab_size=0), "encoder.vocab_size 0 is not a vocabulary size"),
     ],
 )
 def test_what_the_server_relies_on_is_checked_by_name(written: dict, change, message: str, tmp_path: Path) -> None:
