@@ -295,8 +295,11 @@ class Batcher:
             count = high - low + 2
             fits_left = left is not None and self._fits(by_length[high].length, count, real + left.length)
             fits_right = right is not None and self._fits(right.length, count, real + right.length)
-            right_nearer = right is not None and right.length - oldest.length < oldest.length - (left or oldest).length
-            if left is not None and fits_left and not (fits_right and right_nearer):
+            if (
+                left is not None
+                and fits_left
+                and (right is None or not fits_right or oldest.length - left.length <= right.length - oldest.length)
+            ):
                 low -= 1
                 real += left.length
             elif right is not None and fits_right:
