@@ -44,7 +44,6 @@ def test_release_comes_once_idle_after_large_work_and_never_while_work_is_in_fli
     assert recorder.calls == []  # small work only: nothing to give back
     release.begin()
     release.end(large=True)
-    ended = time.monotonic()
     release.begin()  # more work in flight: no release until it is over, and idle_s after it
     time.sleep(0.4)
     assert recorder.calls == []
