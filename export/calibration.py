@@ -201,9 +201,7 @@ def _integer_matmul_chains(model: onnx.ModelProto) -> list[_Chain]:
     return chains
 
 
-def _gather_outliers(
-    model: onnx.ModelProto, name: str, source: str, outliers: list[int]
-) -> tuple[onnx.NodeProto, str]:
+def _gather_outliers(model: onnx.ModelProto, name: str, source: str, outliers: list[int]) -> tuple[onnx.NodeProto, str]:
     """The outlier channels of `source`, gathered apart. The int8 product still sees them (quantized, saturated)
     but multiplies them by weight rows set to zero: no pass over the whole tensor to mask them."""
     index, gathered = f"{name}.outlier_index", f"{source}.outliers"

@@ -27,7 +27,7 @@ from export.evaluation import (
     measure_variants,
     refusal_reason,
 )
-from export.fusion import check_attention_fused, optimize
+from export.fusion import check_attention_fused, optimize, write_cpu_graph
 from export.graph import DEFAULT_OPSET, export_onnx
 from export.model_config import FORMAT_VERSION
 from export.repository import check_name, staged_entry, write_config
@@ -48,6 +48,8 @@ from export.variants import (
     write_fp16,
     write_int8_dynamic,
 )
+
+FUSED_FILE = "model.fused.onnx"  # the optimizer's graph: fp16 is made from it, the CPU graphs split it
 
 Progress = Callable[[str], None]
 
@@ -99,9 +101,9 @@ def export_checkpoint(
         progress(f"exporting {checkpoint.class_name} to ONNX (opset {opset})")
         export_onnx(checkpoint, raw, opset)
         progress("fusing the graph")
-        fp32 = staging / file_name("fp32")
-        optimize(raw, fp32, checkpoint.num_heads, checkpoint.hidden_size)
+        optimize(raw, staging / FUSED_FILE, checkpoint.num_heads, checkpoint.hidden_size)
         raw.unlink()
+        write_cpu_graph(staging / FUSED_FILE, staging / file_name("fp32"))
         variant_entries = {}
         for variant in wanted:
             path = staging / file_name(variant)
@@ -126,6 +128,7 @@ def export_checkpoint(
             }
         if "int8-dynamic" not in wanted:  # static int8 is made from it
             (staging / file_name("int8-dynamic")).unlink(missing_ok=True)
+        (staging / FUSED_FILE).unlink()
         refused = _measure_accuracy(staging, variant_entries, eval_set, checkpoint, max_accuracy_loss, progress)
         tokenizer_info = _save_tokenizer(checkpoint, staging)
         seconds = time.perf_counter() - started
@@ -148,8 +151,8 @@ def _write_variant(
 ) -> dict[str, Any]:
     """Write one variant from the fused fp32 graph; returns what model.json records about how it was made."""
     fp32, dynamic = staging / file_name("fp32"), staging / file_name("int8-dynamic")
-    if variant == "fp16":
-        write_fp16(fp32, staging / file_name(variant))
+    if variant == "fp16":  # from the fused graph: CUDA's SkipLayerNormalization kernel is the fast one there
+        write_fp16(staging / FUSED_FILE, staging / file_name(variant))
     if variant in ("int8", "int8-dynamic") and not dynamic.exists():
         write_int8_dynamic(fp32, dynamic)
     if variant == "int8" and calibration is not None:

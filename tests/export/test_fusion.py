@@ -1,15 +1,19 @@
-"""The ALBERT first-layer gap of the stock optimizer, and the fusion pass that closes it."""
+"""The ALBERT first-layer gap of the stock optimizer, the fusion pass that closes it, and the CPU graph."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.transformers.optimizer import optimize_model
 
 from export.checkpoint import load_checkpoint
 from export.errors import ExportError
-from export.fusion import check_attention_fused, optimize
+from export.fusion import check_attention_fused, optimize, write_cpu_graph
 from export.graph import export_onnx
 from export.pipeline import contrib_operator_counts
 
@@ -51,3 +55,55 @@ def test_other_architectures_fuse_the_same_as_the_stock_optimizer(tiny_checkpoin
 def test_partial_fusion_is_refused() -> None:
     with pytest.raises(ExportError, match="attention is fused in 2 of 3 layers"):
         check_attention_fused({"Attention": 2, "SkipLayerNormalization": 6}, 3)
+
+
+def _skip_layer_norm_graph(path: Path, opset: int, with_bias: bool, sum_read: bool) -> None:
+    """x, skip -> SkipLayerNormalization (-> its input+skip+bias sum read by an Add, as the optimizer can leave it)."""
+    rng = np.random.default_rng(0)
+    width = 24
+    weights = {
+        name: rng.normal(scale, 0.3, width).astype(np.float32) for name, scale in [("g", 1), ("b", 0), ("bias", 0)]
+    }
+    inputs = ["x", "skip", "g", "b"] + (["bias"] if with_bias else [])
+    outputs = ["y", "", "", "sum"] if sum_read else ["y"]
+    nodes = [
+        helper.make_node("SkipLayerNormalization", inputs, outputs, name="ln", domain="com.microsoft", epsilon=1e-5)
+    ]
+    graph_outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", width])]
+    if sum_read:
+        nodes.append(helper.make_node("Add", ["sum", "y"], ["z"], name="reader"))
+        graph_outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", "sequence", width]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "sequence", width])
+            for name in ("x", "skip")
+        ],
+        graph_outputs,
+        [numpy_helper.from_array(value, name) for name, value in weights.items()],
+    )
+    imports = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=imports, ir_version=8), str(path))
+
+
+@pytest.mark.parametrize(("with_bias", "sum_read"), [(True, False), (True, True), (False, True), (False, False)])
+def test_the_cpu_graph_splits_skip_layer_norm_into_onnx_operators(tmp_path: Path, with_bias: bool, sum_read: bool):
+    fused, cpu = tmp_path / "fused.onnx", tmp_path / "cpu.onnx"
+    _skip_layer_norm_graph(fused, 17, with_bias, sum_read)
+    assert write_cpu_graph(fused, cpu) == 1
+    operators = [node.op_type for node in onnx.load(str(cpu)).graph.node]
+    assert "SkipLayerNormalization" not in operators and operators.count("LayerNormalization") == 1
+    assert operators.count("Add") == 1 + with_bias + sum_read
+    feed = {name: np.random.default_rng(1).normal(0, 2, (3, 7, 24)).astype(np.float32) for name in ("x", "skip")}
+    expected = ort.InferenceSession(str(fused), providers=["CPUExecutionProvider"]).run(None, feed)
+    produced = ort.InferenceSession(str(cpu), providers=["CPUExecutionProvider"]).run(None, feed)
+    for want, got in zip(expected, produced, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_before_opset_17_the_cpu_graph_keeps_the_fused_operator(tmp_path: Path) -> None:
+    fused, cpu = tmp_path / "fused.onnx", tmp_path / "cpu.onnx"
+    _skip_layer_norm_graph(fused, 16, True, False)
+    assert write_cpu_graph(fused, cpu) == 0  # LayerNormalization is an opset-17 operator
+    assert [node.op_type for node in onnx.load(str(cpu)).graph.node] == ["SkipLayerNormalization"]
