@@ -261,10 +261,6 @@ def _outlier_product(
     ]
 
 
-def _shape(tensor: onnx.TensorProto) -> tuple[int, ...]:
-    return tuple(int(d) for d in tensor.dims)
-
-
 def _float_weights(fp32: Path, quantized: set[str]) -> dict[str, np.ndarray]:
     """The fp32 weights behind quantize_dynamic's `NAME_quantized` initializers, by the quantized name."""
     wanted = {name.removesuffix("_quantized"): name for name in quantized if name.endswith("_quantized")}

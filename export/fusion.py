@@ -122,12 +122,13 @@ def _add_and_layer_norm(node: onnx.NodeProto) -> list[onnx.NodeProto]:
     inputs = list(node.input) + [""] * (5 - len(node.input))
     source, skip, gamma, beta, bias = inputs[:5]
     epsilon = next((attribute.f for attribute in node.attribute if attribute.name == "epsilon"), 1e-12)
+    base = node.name or node.output[0]  # unique either way: new tensor names must not collide between nodes
     # the sum is an output of its own (input + skip + bias) where the graph reads it
-    total = node.output[3] if len(node.output) > 3 and node.output[3] else f"{node.name}.sum"
-    residual = f"{node.name}.residual" if bias else total
-    parts = [helper.make_node("Add", [source, skip], [residual], name=f"{node.name}.add_residual")]
+    total = node.output[3] if len(node.output) > 3 and node.output[3] else f"{base}.sum"
+    residual = f"{base}.residual" if bias else total
+    parts = [helper.make_node("Add", [source, skip], [residual], name=f"{base}.add_residual")]
     if bias:
-        parts.append(helper.make_node("Add", [residual, bias], [total], name=f"{node.name}.add_bias"))
+        parts.append(helper.make_node("Add", [residual, bias], [total], name=f"{base}.add_bias"))
     parts.append(
         helper.make_node(
             "LayerNormalization",

@@ -107,3 +107,34 @@ def test_before_opset_17_the_cpu_graph_keeps_the_fused_operator(tmp_path: Path) 
     _skip_layer_norm_graph(fused, 16, True, False)
     assert write_cpu_graph(fused, cpu) == 0  # LayerNormalization is an opset-17 operator
     assert [node.op_type for node in onnx.load(str(cpu)).graph.node] == ["SkipLayerNormalization"]
+
+
+def test_unnamed_skip_layer_norms_split_into_distinct_tensors(tmp_path: Path) -> None:
+    """Two chained SkipLayerNormalization nodes without names: the new tensors must not share a name."""
+    width = 8
+    weights = [
+        numpy_helper.from_array(np.ones(width, np.float32), "g"),
+        numpy_helper.from_array(np.zeros(width, np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("SkipLayerNormalization", ["x", "skip", "g", "b"], ["h"], domain="com.microsoft"),
+        helper.make_node("SkipLayerNormalization", ["h", "skip", "g", "b"], ["y"], domain="com.microsoft"),
+    ]
+    tensor = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [tensor(name, TensorProto.FLOAT, ["batch", width]) for name in ("x", "skip")],
+        [tensor("y", TensorProto.FLOAT, ["batch", width])],
+        weights,
+    )
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    fused, cpu = tmp_path / "fused.onnx", tmp_path / "cpu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=imports, ir_version=8), str(fused))
+    assert write_cpu_graph(fused, cpu) == 2
+    outputs = [name for node in onnx.load(str(cpu)).graph.node for name in node.output]
+    assert len(outputs) == len(set(outputs)) == 4
+    feed = {name: np.random.default_rng(2).normal(0, 1, (3, width)).astype(np.float32) for name in ("x", "skip")}
+    expected = ort.InferenceSession(str(fused), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    produced = ort.InferenceSession(str(cpu), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_allclose(produced, expected, atol=1e-5)
