@@ -57,18 +57,27 @@ def test_partial_fusion_is_refused() -> None:
         check_attention_fused({"Attention": 2, "SkipLayerNormalization": 6}, 3)
 
 
-def _skip_layer_norm_graph(path: Path, opset: int, with_bias: bool, sum_read: bool) -> None:
-    """x, skip -> SkipLayerNormalization (-> its input+skip+bias sum read by an Add, as the optimizer can leave it)."""
+def _skip_layer_norm_graph(
+    path: Path, opset: int, with_bias: bool, sum_read: bool, names: tuple[str, ...] = ("ln",)
+) -> None:
+    """x, skip -> one SkipLayerNormalization per name, chained (-> the last one's input+skip+bias sum read by an
+    Add, as the optimizer can leave it)."""
     rng = np.random.default_rng(0)
     width = 24
     weights = {
         name: rng.normal(scale, 0.3, width).astype(np.float32) for name, scale in [("g", 1), ("b", 0), ("bias", 0)]
     }
-    inputs = ["x", "skip", "g", "b"] + (["bias"] if with_bias else [])
-    outputs = ["y", "", "", "sum"] if sum_read else ["y"]
-    nodes = [
-        helper.make_node("SkipLayerNormalization", inputs, outputs, name="ln", domain="com.microsoft", epsilon=1e-5)
-    ]
+    nodes = []
+    source = "x"
+    for index, name in enumerate(names):
+        last = index == len(names) - 1
+        output = "y" if last else f"h{index}"
+        inputs = [source, "skip", "g", "b"] + (["bias"] if with_bias else [])
+        outputs = [output, "", "", "sum"] if sum_read and last else [output]
+        nodes.append(
+            helper.make_node("SkipLayerNormalization", inputs, outputs, name=name, domain="com.microsoft", epsilon=1e-5)
+        )
+        source = output
     graph_outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", width])]
     if sum_read:
         nodes.append(helper.make_node("Add", ["sum", "y"], ["z"], name="reader"))
@@ -87,6 +96,14 @@ def _skip_layer_norm_graph(path: Path, opset: int, with_bias: bool, sum_read: bo
     onnx.save(helper.make_model(graph, opset_imports=imports, ir_version=8), str(path))
 
 
+def _assert_same_outputs(fused: Path, cpu: Path) -> None:
+    feed = {name: np.random.default_rng(1).normal(0, 2, (3, 7, 24)).astype(np.float32) for name in ("x", "skip")}
+    expected = ort.InferenceSession(str(fused), providers=["CPUExecutionProvider"]).run(None, feed)
+    produced = ort.InferenceSession(str(cpu), providers=["CPUExecutionProvider"]).run(None, feed)
+    for want, got in zip(expected, produced, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 @pytest.mark.parametrize(("with_bias", "sum_read"), [(True, False), (True, True), (False, True), (False, False)])
 def test_the_cpu_graph_splits_skip_layer_norm_into_onnx_operators(tmp_path: Path, with_bias: bool, sum_read: bool):
     fused, cpu = tmp_path / "fused.onnx", tmp_path / "cpu.onnx"
@@ -95,11 +112,7 @@ def test_the_cpu_graph_splits_skip_layer_norm_into_onnx_operators(tmp_path: Path
     operators = [node.op_type for node in onnx.load(str(cpu)).graph.node]
     assert "SkipLayerNormalization" not in operators and operators.count("LayerNormalization") == 1
     assert operators.count("Add") == 1 + with_bias + sum_read
-    feed = {name: np.random.default_rng(1).normal(0, 2, (3, 7, 24)).astype(np.float32) for name in ("x", "skip")}
-    expected = ort.InferenceSession(str(fused), providers=["CPUExecutionProvider"]).run(None, feed)
-    produced = ort.InferenceSession(str(cpu), providers=["CPUExecutionProvider"]).run(None, feed)
-    for want, got in zip(expected, produced, strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-5)
+    _assert_same_outputs(fused, cpu)
 
 
 def test_before_opset_17_the_cpu_graph_keeps_the_fused_operator(tmp_path: Path) -> None:
@@ -111,30 +124,9 @@ def test_before_opset_17_the_cpu_graph_keeps_the_fused_operator(tmp_path: Path) 
 
 def test_unnamed_skip_layer_norms_split_into_distinct_tensors(tmp_path: Path) -> None:
     """Two chained SkipLayerNormalization nodes without names: the new tensors must not share a name."""
-    width = 8
-    weights = [
-        numpy_helper.from_array(np.ones(width, np.float32), "g"),
-        numpy_helper.from_array(np.zeros(width, np.float32), "b"),
-    ]
-    nodes = [
-        helper.make_node("SkipLayerNormalization", ["x", "skip", "g", "b"], ["h"], domain="com.microsoft"),
-        helper.make_node("SkipLayerNormalization", ["h", "skip", "g", "b"], ["y"], domain="com.microsoft"),
-    ]
-    tensor = helper.make_tensor_value_info
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [tensor(name, TensorProto.FLOAT, ["batch", width]) for name in ("x", "skip")],
-        [tensor("y", TensorProto.FLOAT, ["batch", width])],
-        weights,
-    )
-    imports = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     fused, cpu = tmp_path / "fused.onnx", tmp_path / "cpu.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=imports, ir_version=8), str(fused))
+    _skip_layer_norm_graph(fused, 17, False, False, names=("", ""))
     assert write_cpu_graph(fused, cpu) == 2
     outputs = [name for node in onnx.load(str(cpu)).graph.node for name in node.output]
     assert len(outputs) == len(set(outputs)) == 4
-    feed = {name: np.random.default_rng(2).normal(0, 1, (3, width)).astype(np.float32) for name in ("x", "skip")}
-    expected = ort.InferenceSession(str(fused), providers=["CPUExecutionProvider"]).run(None, feed)[0]
-    produced = ort.InferenceSession(str(cpu), providers=["CPUExecutionProvider"]).run(None, feed)[0]
-    np.testing.assert_allclose(produced, expected, atol=1e-5)
+    _assert_same_outputs(fused, cpu)
