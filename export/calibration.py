@@ -240,19 +240,24 @@ def _outlier_product(
     without[outliers] = np.broadcast_to(zero_point, without[outliers].shape)
     initializers[weight].CopyFrom(numpy_helper.from_array(without, weight))
     name = chain.matmul.name
-    rows_name, flat_in, flat_out = f"{name}.outlier_rows", f"{name}.outliers_2d", f"{name}.outlier_shape"
+    # the 2-D shapes Gemm takes: (tokens, outlier channels) and (tokens, outputs)
+    rows_name, outliers_shape, product_shape = (
+        f"{name}.outlier_rows",
+        f"{name}.outliers_2d_shape",
+        f"{name}.product_2d_shape",
+    )
     model.graph.initializer.extend(
         [
             numpy_helper.from_array(rows, rows_name),
-            numpy_helper.from_array(np.array([-1, len(outliers)], dtype=np.int64), flat_in),
-            numpy_helper.from_array(np.array([-1, rows.shape[1]], dtype=np.int64), flat_out),
+            numpy_helper.from_array(np.array([-1, len(outliers)], dtype=np.int64), outliers_shape),
+            numpy_helper.from_array(np.array([-1, rows.shape[1]], dtype=np.int64), product_shape),
         ]
     )
     output = chain.mul.output[0]
     inliers = chain.mul.output[0] = f"{output}.inliers"
     return [
-        helper.make_node("Reshape", [gathered, flat_in], [f"{name}.outliers"], name=f"{name}.outliers_2d"),
-        helper.make_node("Reshape", [inliers, flat_out], [f"{inliers}_2d"], name=f"{name}.inliers_2d"),
+        helper.make_node("Reshape", [gathered, outliers_shape], [f"{name}.outliers"], name=f"{name}.outliers_2d"),
+        helper.make_node("Reshape", [inliers, product_shape], [f"{inliers}_2d"], name=f"{name}.inliers_2d"),
         helper.make_node(
             "Gemm", [f"{name}.outliers", rows_name, f"{inliers}_2d"], [f"{output}_2d"], name=f"{name}.outlier_gemm"
         ),
