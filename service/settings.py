@@ -57,10 +57,16 @@ class Settings(BaseSettings):
     )
     shape_buckets: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="pad batches to a grid of shapes (rows to a power of two, width to --bucket-width-step), each "
+        description="pad batches to a grid of shapes (rows to a power of two, width by --bucket-width-step), each "
         "warmed before ready; auto: on for CUDA, off on the CPU (exact-length batches)",
     )
-    bucket_width_step: int = Field(16, ge=1, le=512, description="shape buckets: widths are multiples of this")
+    bucket_width_step: int = Field(
+        8,
+        ge=1,
+        le=512,
+        description="shape buckets: the finest width step; widths are multiples of it up to 8 steps, then the step "
+        "doubles every 8 widths (8: 8, 16, ..., 64, 80, ..., 128, 160, ...), so padding stays within a quarter",
+    )
     cuda_graphs: Literal["on", "off"] = Field(
         "off",
         description="capture one CUDA graph per shape bucket (CUDA only, needs shape buckets); off by default: "
