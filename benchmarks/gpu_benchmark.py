@@ -132,6 +132,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ort-cuda-options", default="", help="CUDA provider options for the raw ORT session (sdpa_kernel=1,...)"
     )
+    parser.add_argument(
+        "--base-source",
+        type=Path,
+        help="another checkout of this project (an older commit, say): every server configuration is measured "
+        "from it first, then from this one, on the same machine in the same run",
+    )
     parser.add_argument("--budget-s", type=float, help="wall-clock budget of the whole run; 0: none (cuda 540)")
     parser.add_argument("--report", type=Path, help="JSON report path (default reports/gpu_benchmark.json)")
     args = parser.parse_args(argv)
@@ -143,7 +149,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.models) - set(MODEL_KEYS)) + sorted(set(args.parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown model(s) or part(s): {', '.join(unknown)}")
-    args.configs = [[*shlex.split(line), *args.server_arg] for line in args.server_args or [""]]
+    configs = [[*shlex.split(line), *args.server_arg] for line in args.server_args or [""]]
+    sources = [args.base_source.resolve(), ROOT] if args.base_source else [ROOT]
+    args.configs = [(source, config) for config in configs for source in sources]
     return args
 
 
@@ -266,7 +274,13 @@ def calibrate_client(sentences: list[str], args: argparse.Namespace) -> dict:
 
 
 def serve(
-    model: BenchModel, sentences: list[str], args: argparse.Namespace, budget: Budget, config: list[str], n: int
+    model: BenchModel,
+    sentences: list[str],
+    args: argparse.Namespace,
+    budget: Budget,
+    config: list[str],
+    n: int,
+    source: Path = ROOT,
 ) -> dict:
     """Time to ready, then the 1-input and the 16-input loads, each with /metrics deltas and GPU samples."""
     per_case = args.warmup_seconds + args.seconds + 10
@@ -275,10 +289,11 @@ def serve(
     log = args.workdir / "logs" / f"{model.name}-service-{n}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     extra = ["--device", args.device, "--log-level", "warning", *config]
-    print(f"{model.name}: python -m service --repository {model.entry.parent} {shlex.join(extra)}", flush=True)
+    where = "" if source == ROOT else f" (from {source})"
+    print(f"{model.name}: python -m service --repository {model.entry.parent} {shlex.join(extra)}{where}", flush=True)
     started = time.monotonic()
-    server = start_service(model.entry.parent, *extra, log_path=log, wait=False)
-    served: dict = {"server_args": extra, "log": str(log)}
+    server = start_service(model.entry.parent, *extra, log_path=log, wait=False, source=source)
+    served: dict = {"server_args": extra, "source": str(source), "log": str(log)}
     try:
         server.wait_ready(timeout=min(args.ready_timeout, max(budget.left(), 1)))
         served["ready_s"] = round(time.monotonic() - started, 2)
@@ -391,8 +406,9 @@ def _served_rows(name: str, served: dict, ceiling: float | None, tag: str) -> li
     return lines
 
 
-def config_label(config: list[str]) -> str:
-    return shlex.join(config) or "defaults"
+def config_label(config: list[str], source: Path = ROOT) -> str:
+    label = shlex.join(config) or "defaults"
+    return label if source == ROOT else f"base: {label}"
 
 
 def _pct(value: float | None, ceiling: float | None) -> str:
@@ -449,6 +465,7 @@ def main(argv: list[str] | None = None) -> None:
     budget = Budget(args.budget_s)
     report: dict = {"command": sys.argv, "environment": environment(), "models": {}}
     report["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    report["settings"]["configs"] = [[str(source), config] for source, config in args.configs]
     print(f"environment: {json.dumps(report['environment'])}", flush=True)
     models, errors = build_models(args)
     for key, error in errors.items():
@@ -473,8 +490,8 @@ def main(argv: list[str] | None = None) -> None:
             m["ort"] = run_ceiling("ort", model, args, budget)
         if "serve" in args.parts:
             m["served"] = {
-                config_label(config): serve(model, sentences, args, budget, config, n)
-                for n, config in enumerate(args.configs)
+                config_label(config, source): serve(model, sentences, args, budget, config, n, source)
+                for n, (source, config) in enumerate(args.configs)
             }
     if "torch" in args.parts or "compile" in args.parts:
         for model in models.values():

@@ -63,25 +63,36 @@ class ServiceProcess:
 
 
 def start(
-    command: list[str], log_path: Path | None = None, port: int | None = None, env: dict[str, str] | None = None
+    command: list[str],
+    log_path: Path | None = None,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    source: Path = ROOT,
 ) -> ServiceProcess:
-    """Run `python COMMAND... --port PORT` (the port is added), output to log_path (or inherited); `env` is added
-    to this process's environment."""
+    """Run `python COMMAND... --port PORT` (the port is added) in `source` (a checkout of this project: this one,
+    or another's for a before/after comparison), output to log_path (or inherited); `env` is added to this
+    process's environment."""
     port = port or free_port()
     env = {**os.environ, **(env or {}), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     full = [sys.executable, *command, "--port", str(port)]
     if log_path is None:
-        process = subprocess.Popen(full, cwd=ROOT, env=env)
+        process = subprocess.Popen(full, cwd=source, env=env)
     else:
         with log_path.open("w") as log:
-            process = subprocess.Popen(full, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(full, cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT)
     return ServiceProcess(f"http://127.0.0.1:{port}", process, log_path)
 
 
 def start_service(
-    repository: Path, *args: str, log_path: Path | None = None, wait: bool = True, env: dict[str, str] | None = None
+    repository: Path,
+    *args: str,
+    log_path: Path | None = None,
+    wait: bool = True,
+    env: dict[str, str] | None = None,
+    source: Path = ROOT,
 ) -> ServiceProcess:
-    server = start(["-m", "service", "--repository", str(repository), "--host", "127.0.0.1", *args], log_path, env=env)
+    command = ["-m", "service", "--repository", str(repository), "--host", "127.0.0.1", *args]
+    server = start(command, log_path, env=env, source=source)
     if wait:
         server.wait_ready()
     return server

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +58,7 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame:
     arrays, offset = {}, 0
     for name, dtype, shape in header.pop("arrays", []):
         array_type = np.dtype(dtype)
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)
         arrays[name] = np.frombuffer(body, array_type, count, offset).reshape(shape)
         offset += count * array_type.itemsize
     return Frame(header, arrays)
@@ -98,7 +99,13 @@ def pack_rows(input_ids: list[np.ndarray], token_type_ids: list[np.ndarray]) -> 
 
 
 def split_rows(flat: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
-    return np.split(flat, np.cumsum(lengths)[:-1]) if lengths else []
+    """Views of `flat`, one per length. Plain slices: np.split costs ~20x more, and the engine does this for
+    every request (it was a fifth of the engine's main thread at 2k requests/s)."""
+    rows, start = [], 0
+    for length in lengths:
+        rows.append(flat[start : start + length])
+        start += length
+    return rows
 
 
 def pack_outputs(outputs: list[dict[str, np.ndarray]], per_token: bool) -> dict[str, np.ndarray]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import operator
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,17 @@ from typing import Any, Protocol
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 
 log = logging.getLogger("service.engine.batcher")
+_LENGTH = operator.attrgetter("length")
+DEVICE_QUEUE = 2  # batches on the device thread at once: the one running and the next, ready to start
 _FAILED = object()  # a batch whose preparation failed: its requests are answered already
+
+
+@dataclass
+class _DeviceRun:
+    outputs: Sequence[Any]  # empty where the run failed
+    error: Exception | None
+    started: float  # time.monotonic() when the device thread began it
+    seconds: float
 
 
 class Sized(Protocol):
@@ -94,18 +105,21 @@ class _Request:
             self.future.set_exception(exc)
 
 
-@dataclass(eq=False)
 class _Item:
-    row: Any
-    length: int
-    ticket: Ticket
-    request: _Request
-    index: int
-    enqueued: float = field(default_factory=time.monotonic)
+    """One queued row. A plain class with slots: the engine makes one per row, tens of thousands a second."""
 
-    @property
-    def dead(self) -> bool:
-        return self.request.done() or self.ticket.cancelled or time.monotonic() > self.ticket.deadline
+    __slots__ = ("enqueued", "index", "length", "request", "row", "ticket")
+
+    def __init__(self, row: Any, length: int, ticket: Ticket, request: _Request, index: int, enqueued: float) -> None:
+        self.row = row
+        self.length = length
+        self.ticket = ticket
+        self.request = request
+        self.index = index
+        self.enqueued = enqueued  # time.monotonic()
+
+    def dead(self, now: float) -> bool:
+        return self.request.future.done() or self.ticket.cancelled or now > self.ticket.deadline
 
 
 class Batcher:
@@ -142,7 +156,7 @@ class Batcher:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}")
         self._prepare_executor = ThreadPoolExecutor(1, thread_name_prefix=f"prepare-{name}")
         self._task: asyncio.Task | None = None
-        self._running: asyncio.Task | None = None
+        self._runs: list[asyncio.Task] = []  # batches handed to the device thread, oldest first: at most DEVICE_QUEUE
 
     async def run_on_worker(self, work: Callable[[], Any]) -> Any:
         """Run `work` on the thread that runs the batches (warm-up must happen there: CUDA caches are per thread)."""
@@ -155,8 +169,8 @@ class Batcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._running is not None:  # the batch on the device finishes and answers its requests
-            await asyncio.gather(self._running, return_exceptions=True)
+        if self._runs:  # the batches on the device finish and answer their requests
+            await asyncio.gather(*self._runs, return_exceptions=True)
         for item in self._pending:
             item.request.set_exception(NotReady("the server is shutting down"))
         self._pending.clear()
@@ -186,7 +200,8 @@ class Batcher:
             )
         loop = asyncio.get_running_loop()
         request = _Request(loop.create_future(), len(rows))
-        items = [_Item(row, len(row), ticket, request, index) for index, row in enumerate(rows)]
+        now = time.monotonic()
+        items = [_Item(row, len(row), ticket, request, index, now) for index, row in enumerate(rows)]
         self._pending.extend(items)
         self._pending_tokens += tokens
         self._report_depth()
@@ -214,32 +229,46 @@ class Batcher:
         )
 
     async def _loop(self) -> None:
-        """Take a batch, prepare it (padding) while the previous batch still runs, run it once the device is free.
+        """Take a batch, prepare it (padding) while the previous batch still runs, and hand it to the device thread.
 
         While a batch runs, the next one is taken early only when a full batch is already waiting; otherwise rows
-        keep gathering until the device is free, so batches stay as large as the load allows."""
+        keep gathering until the device is free, so batches stay as large as the load allows. A batch taken early
+        waits on the device thread itself, which starts it the moment the one before ends: the device does not
+        wait for this event loop, which under load is busy with every request's frames."""
         while True:
             try:
                 await self._wait_for_work()
-                if self._running is not None and not self._running.done():
+                await self._wait_for_device_queue()
+                if self._device_busy():
                     await self._wait_for_full_batch_or_free_device()
-                if self._running is None or self._running.done():
+                if not self._device_busy():
                     await self._wait_to_fill()
                 batch = self._take_batch()
                 if not batch:
                     continue
                 prepared = await self._prepared(batch)
-                if self._running is not None:
-                    await asyncio.gather(self._running, return_exceptions=True)
                 if prepared is not _FAILED:
-                    self._running = asyncio.get_running_loop().create_task(self._run(batch, prepared))
+                    # submitted now, not when a task first runs: the device thread queues it behind the batch on it
+                    device_run = asyncio.get_running_loop().run_in_executor(self._executor, self._on_device, prepared)
+                    self._runs.append(asyncio.get_running_loop().create_task(self._finish(batch, device_run)))
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let the loop die: log, and keep serving
                 log.exception("batcher %s: unexpected error", self.name)
 
+    def _device_busy(self) -> bool:
+        self._runs = [run for run in self._runs if not run.done()]
+        return bool(self._runs)
+
     async def _wait_for_full_batch_or_free_device(self) -> None:
-        while self._running is not None and not self._running.done() and not self._can_fill():
+        while self._device_busy() and not self._can_fill():
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    async def _wait_for_device_queue(self) -> None:
+        """Until fewer than DEVICE_QUEUE batches are on the device thread (the one running, one behind it): no batch
+        is taken from the queue before it could start next, so rows that arrive meanwhile can still join it."""
+        while self._device_busy() and len(self._runs) >= DEVICE_QUEUE:
             self._wakeup.clear()
             await self._wakeup.wait()
 
@@ -264,7 +293,7 @@ class Batcher:
     async def _wait_to_fill(self) -> None:
         if not self._pending:
             return
-        deadline = min(item.enqueued for item in self._pending) + self.max_wait_s
+        deadline = self._pending[0].enqueued + self.max_wait_s  # the queue is in arrival order
         while not self._can_fill() and (remaining := deadline - time.monotonic()) > 0:
             self._wakeup.clear()
             try:
@@ -279,19 +308,25 @@ class Batcher:
         )
 
     def _take_batch(self) -> list[_Item]:
-        """Drop dead rows; then the oldest row plus its nearest neighbours in length, within the budgets."""
-        self._pending = [item for item in self._pending if not item.dead]
-        if not self._pending:
+        """Drop dead rows; then the oldest row plus its nearest neighbours in length, within the budgets.
+
+        Runs once per batch over the whole queue (hundreds of rows at saturation), on the engine's event loop:
+        the queue is kept in arrival order, so the oldest row is the first, and a stable sort by length keeps
+        rows of one length in arrival order."""
+        now = time.monotonic()
+        self._pending = pending = [item for item in self._pending if not item.dead(now)]
+        if not pending:
             self._pending_tokens = 0
             self._report_depth()
             return []
-        by_length = sorted(self._pending, key=lambda item: (item.length, item.enqueued))
-        oldest = min(self._pending, key=lambda item: item.enqueued)
+        by_length = sorted(pending, key=_LENGTH)
+        oldest = pending[0]
         low = high = by_length.index(oldest)
         real = oldest.length
+        last = len(by_length) - 1
         while high - low + 1 < self.max_batch_size:
             left = by_length[low - 1] if low > 0 else None
-            right = by_length[high + 1] if high + 1 < len(by_length) else None
+            right = by_length[high + 1] if high < last else None
             count = high - low + 2
             fits_left = left is not None and self._fits(by_length[high].length, count, real + left.length)
             fits_right = right is not None and self._fits(right.length, count, real + right.length)
@@ -308,8 +343,11 @@ class Batcher:
             else:
                 break
         batch = by_length[low : high + 1]
-        chosen = set(map(id, batch))
-        self._pending = [item for item in self._pending if id(item) not in chosen]
+        if len(batch) == len(pending):
+            self._pending = []
+        else:
+            chosen = set(map(id, batch))
+            self._pending = [item for item in pending if id(item) not in chosen]
         self._pending_tokens = sum(item.length for item in self._pending)
         self._report_depth()
         return batch
@@ -320,23 +358,39 @@ class Batcher:
         within_budget = self._padded_cost(count, width) <= self.max_batch_tokens
         return within_budget and width * count <= self.max_padding_ratio * real_tokens
 
-    async def _run(self, batch: list[_Item], prepared: Any) -> None:
+    def _on_device(self, prepared: Any) -> _DeviceRun:
+        """On the device thread: run one batch, timed there (queueing behind the batch before is not its time)."""
         started = time.monotonic()
-        for item in batch:
-            item.ticket.queue_seconds = max(item.ticket.queue_seconds, started - item.enqueued)
         try:
-            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._runner, prepared)
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"runner returned {len(outputs)} outputs for {len(batch)} rows")
-        except Exception:
-            log.exception("batcher %s: a batch of %d rows failed (requests %s)", self.name, len(batch), _ids(batch))
-            self._fail(batch)
-        else:
-            for item, output in zip(batch, outputs, strict=True):
-                item.request.set_output(item.index, output)
+            outputs = self._runner(prepared)
+        except Exception as exc:
+            return _DeviceRun((), exc, started, time.monotonic() - started)
+        return _DeviceRun(outputs, None, started, time.monotonic() - started)
+
+    async def _finish(self, batch: list[_Item], device_run: asyncio.Future) -> None:
+        """Answer a batch's rows once the device thread has run it."""
+        try:
+            run: _DeviceRun = await device_run
+            for item in batch:
+                item.ticket.queue_seconds = max(item.ticket.queue_seconds, run.started - item.enqueued)
+            error = run.error
+            if error is None and len(run.outputs) != len(batch):
+                error = RuntimeError(f"runner returned {len(run.outputs)} outputs for {len(batch)} rows")
+            if error is not None:
+                log.error(
+                    "batcher %s: a batch of %d rows failed (requests %s)",
+                    self.name,
+                    len(batch),
+                    _ids(batch),
+                    exc_info=error,
+                )
+                self._fail(batch)
+            else:
+                for item, output in zip(batch, run.outputs, strict=True):
+                    item.request.set_output(item.index, output)
         finally:
-            self._wakeup.set()  # the device is free: the loop may be waiting for that
-        seconds = time.monotonic() - started
+            self._wakeup.set()  # the device (or its queue) is free: the loop may be waiting for that
+        seconds = run.seconds
         self._learn_cost(seconds, sum(item.length for item in batch))
         for ticket in {id(item.ticket): item.ticket for item in batch}.values():
             ticket.inference_seconds += seconds

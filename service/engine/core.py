@@ -85,7 +85,7 @@ class EngineCore:
                 model.name,
                 runtime.execute,
                 prepare=runtime.prepare,
-                padded_cost=runtime.padded_cost,
+                padded_cost=runtime.grid.padded_cost if runtime.grid is not None else None,
                 max_batch_size=self.settings.max_batch_size,
                 max_batch_tokens=max(self.settings.max_batch_tokens, runtime.max_length),
                 max_wait_s=self.settings.max_wait_ms / 1000,

@@ -148,26 +148,25 @@ class ModelRuntime:
     def variant(self) -> str:
         return self.placement.variant
 
-    def padded_cost(self, count: int, width: int) -> int:
-        """What a batch of `count` rows, the longest `width` long, costs in padded tokens on this runtime."""
-        return self.grid.padded_cost(count, width) if self.grid is not None else count * width
-
     def prepare(self, rows: list[Row]) -> PreparedBatch:
-        """Pad the rows into host arrays: to the longest row, or up to the bucket's shape with shape buckets."""
-        count, width = len(rows), max(len(row) for row in rows)
+        """Pad the rows into host arrays: to the longest row, or up to the bucket's shape with shape buckets.
+
+        Whole-array operations, not a loop over rows: this runs for every batch in the engine process, whose one
+        interpreter lock also serves every request's frames."""
+        lengths = [len(row) for row in rows]
+        count, width = len(rows), max(lengths)
         if self.grid is not None:
             count, width = self.grid.bucket(count, width)
+        real = np.arange(width) < np.asarray(lengths)[:, None]  # (rows, width): True over each row's own tokens
         ids = np.full((count, width), self.pad_token_id, dtype=np.int64)
         mask = np.zeros((count, width), dtype=np.int64)
         types = np.zeros((count, width), dtype=np.int64)
+        ids[: len(rows)][real] = np.concatenate([row.input_ids for row in rows])
+        types[: len(rows)][real] = np.concatenate([row.token_type_ids for row in rows])
+        mask[: len(rows)] = real
         mask[len(rows) :, 0] = 1  # filler rows attend to one token, so no row is all-masked
-        for i, row in enumerate(rows):
-            n = len(row)
-            ids[i, :n] = row.input_ids
-            mask[i, :n] = 1
-            types[i, :n] = row.token_type_ids
         feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        return PreparedBatch({name: feed[name] for name in self.input_names}, [len(row) for row in rows])
+        return PreparedBatch({name: feed[name] for name in self.input_names}, lengths)
 
     def execute(self, batch: PreparedBatch) -> list[dict[str, np.ndarray]]:
         """Outputs per row: classification logits (labels,), or per-token arrays cut to the row's length."""

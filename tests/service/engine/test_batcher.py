@@ -131,6 +131,23 @@ def test_full_queue_is_refused_at_once() -> None:
     assert error.status_code == 429 and error.headers["Retry-After"]
 
 
+def test_the_next_batch_starts_on_the_device_thread_while_the_event_loop_is_busy() -> None:
+    async def scenario(batcher, runner, _):
+        runner.gate.clear()  # the first batch blocks on the device thread
+        first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(batcher.submit(rows("b", [5] * 8), Ticket.with_timeout(5)))  # a full batch
+        await asyncio.sleep(0.05)
+        assert runner.batches == []
+        runner.gate.set()
+        time.sleep(0.3)  # the event loop is busy (a server's is, with every request's frames)
+        ran_while_busy = [batch[0].tag for batch in runner.batches]
+        await asyncio.gather(first, second)
+        return ran_while_busy
+
+    assert run(scenario) == ["a0", "b0"]  # the device thread went from one batch to the next on its own
+
+
 def test_queue_is_bounded_in_time_at_the_measured_cost_per_token() -> None:
     class PerToken(Recorder):  # 1 ms per token
         def __call__(self, batch: list[FakeRow]) -> list[str]:

@@ -45,6 +45,23 @@ def test_the_cpu_keeps_exact_length_batches_unless_buckets_are_asked_for(tiny_re
     assert bucketed.prepare(rows).shape == bucketed.grid.bucket(3, max(len(r) for r in rows))
 
 
+def test_prepare_puts_each_row_in_its_place_and_pads_the_rest(tiny_repository: Path) -> None:
+    runtime = runtime_for(tiny_repository / "bert-classification", **BUCKETS)
+    assert runtime.grid is not None
+    rows = [Row(np.arange(10, 10 + n, dtype=np.int64), np.arange(n, dtype=np.int64) % 2) for n in (5, 1, 9)]
+    feed = runtime.prepare(rows).feed
+    ids, mask, types = feed["input_ids"], feed["attention_mask"], feed["token_type_ids"]
+    assert ids.shape == mask.shape == types.shape == runtime.grid.bucket(3, 9) == (4, 16)
+    pad = runtime.pad_token_id
+    for i, row in enumerate(rows):
+        n = len(row)
+        assert ids[i, :n].tolist() == row.input_ids.tolist() and (ids[i, n:] == pad).all()
+        assert types[i, :n].tolist() == row.token_type_ids.tolist() and not types[i, n:].any()
+        assert mask[i, :n].all() and not mask[i, n:].any()
+    # the filler row: all padding, attending to its first token only (no row may be all-masked)
+    assert (ids[3] == pad).all() and not types[3].any() and mask[3].tolist() == [1] + [0] * 15
+
+
 @pytest.mark.parametrize("cell", ["bert-classification", "roberta-ner", "distilbert-qa"])
 def test_padding_to_a_bucket_does_not_change_any_rows_outputs(tiny_repository: Path, cell: str) -> None:
     exact = runtime_for(tiny_repository / cell)
