@@ -422,6 +422,8 @@ def _stages(stages: dict) -> str:
             parts.append(f"{label} n/a")
         elif label == "batch size":
             parts.append(f"{label} {stage['mean']:.1f} rows")
+        elif label == "padding":
+            parts.append(f"padded / real tokens {stage['mean']:.2f}")
         else:
             parts.append(f"{label} {1000 * stage['mean']:.2f} ms")
     return ", ".join(parts)

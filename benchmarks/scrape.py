@@ -48,4 +48,7 @@ def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, 
         total = delta(before, after, histogram + "_sum")
         mean = total / count if count and total is not None else None
         stages[label] = {"per": unit, "count": count, "mean": mean}
+    padded = delta(before, after, "bertserve_batch_padded_tokens_total")
+    real = delta(before, after, "bertserve_batch_real_tokens_total")
+    stages["padding"] = {"per": "token", "count": real, "mean": padded / real if padded is not None and real else None}
     return stages

@@ -21,12 +21,15 @@ def test_stage_means_are_deltas_of_sum_over_count_summed_across_models() -> None
         metrics.inference_duration.labels(model=model).observe(seconds)
         metrics.batch_size.labels(model=model).observe(8)
     metrics.queue_duration.labels(model="b").observe(0.010)
+    metrics.observer("a").on_batch(rows=4, padded_tokens=60, real_tokens=40, seconds=0.001)
+    metrics.observer("b").on_batch(rows=4, padded_tokens=30, real_tokens=20, seconds=0.001)
     after = parse(exposition(metrics))
 
     stages = stage_means(before, after)
-    assert stages["inference"]["count"] == 3
-    assert stages["inference"]["mean"] == pytest.approx(0.004)
-    assert stages["batch size"]["mean"] == pytest.approx(8)
+    assert stages["inference"]["count"] == 5
+    assert stages["inference"]["mean"] == pytest.approx((0.002 + 0.004 + 0.006 + 0.002) / 5)
+    assert stages["batch size"]["mean"] == pytest.approx((3 * 8 + 2 * 4) / 5)
+    assert stages["padding"]["mean"] == pytest.approx(90 / 60)  # padded / real tokens over both models' batches
     assert stages["queue"]["mean"] == pytest.approx(0.010)
     assert stages["tokenization"] == {"per": "request", "count": None, "mean": None}  # no model observed: absent
 
@@ -51,3 +54,4 @@ def test_a_metric_the_server_does_not_export_is_none_not_zero() -> None:
     assert delta({}, {"x_total": 3.0}, "x_total") == 3.0
     assert delta({"x_total": 1.0}, {}, "x_total") is None
     assert stage_means({}, {})["inference"]["mean"] is None
+    assert stage_means({}, {})["padding"]["mean"] is None
