@@ -174,9 +174,10 @@ class ModelRuntime:
         try:
             if self.graphs is not None:
                 outputs = self.graphs.run(batch.feed)
-            elif self.provider == CUDA:
-                outputs = self._run_bound(batch.feed)
             else:
+                # On CUDA too: one call copies the inputs in, runs and copies the outputs back while the interpreter
+                # lock is let go once. IO binding (bind each input, run, copy out) took it back after every step,
+                # and each time waited for the engine's busy event loop to let go of it.
                 outputs = self.session.run(self.output_names, batch.feed)
         finally:
             rows, width = batch.shape
@@ -202,16 +203,6 @@ class ModelRuntime:
         options.add_run_config_entry(ARENA_SHRINK, "cpu:0")
         self.session.run(self.output_names, {name: feed[name] for name in self.input_names}, options)
         malloc_trim()
-
-    def _run_bound(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """IO binding: inputs copied to the device once, outputs allocated by ORT and copied back once."""
-        binding = self.session.io_binding()
-        for name, array in feed.items():
-            binding.bind_cpu_input(name, array)
-        for name in self.output_names:
-            binding.bind_output(name, "cuda")
-        self.session.run_with_iobinding(binding)
-        return binding.copy_outputs_to_cpu()
 
     def warm_up_shapes(self) -> list[tuple[int, int]]:
         """The batch shapes warm-up runs: every bucket with shape buckets; else a short and a full-length batch."""
