@@ -5,7 +5,8 @@ For a BERT-base 12x768 classifier (random weights, real uncased vocabulary) and 
    device-resident IO, at real widths and at a fixed width of 128; PyTorch eager (SDPA) and torch.compile;
 2. `python -m service` over real HTTP at saturation with 1-input and 16-input requests, from several client
    processes (asyncio + uvloop, keep-alive); the client's own top rate is taken first against a null server;
-3. GPU utilisation (nvidia-smi) during each served run, per-stage means from /metrics, time to ready.
+3. GPU utilisation (nvidia-smi) during each served run, per-stage means from /metrics, the server's CPU by role
+   (engine, front-ends: which of them is saturated), time to ready.
 Ends with a table (served / ceiling and the issue's targets); `--report` writes everything as JSON.
 With `--device cpu` (defaults: MiniLM only, batch 16, 1 client process) it gives the CPU no-regression
 figures: served 1-input and 16-input rates against the raw sorted batch-16 ceiling.
@@ -42,6 +43,7 @@ from pathlib import Path
 from benchmarks.bench_models import BERT_SIZES, MODEL_KEYS, BenchModel, ensure_model
 from benchmarks.gpu_sampler import GpuSampler
 from benchmarks.loadclient import LoadResult, classify_cases, run_load, run_load_processes
+from benchmarks.process_cpu import ProcessTreeCpu
 from benchmarks.realdata import SHARED, sst2
 from benchmarks.reports import write_report
 from benchmarks.scrape import scrape, stage_means
@@ -305,10 +307,11 @@ def serve(
                 continue
             load(server.url, case, args.warmup_seconds, args.client_procs)
             before = scrape(server.url)
-            with GpuSampler() as gpu:
+            with GpuSampler() as gpu, ProcessTreeCpu(server.process.pid) as cpu:
                 result = load(server.url, case, args.seconds, args.client_procs)
             row = load_row(result, case[3], args.client_procs)
             row["gpu"] = gpu.summary()
+            row["server_cpu"] = cpu.summary()
             row["stages"] = stage_means(before, scrape(server.url))
             served[label] = row
             print(f"  {label}: {json.dumps({k: v for k, v in row.items() if k != 'stages'})}", flush=True)
@@ -378,6 +381,9 @@ def table(report: dict, args: argparse.Namespace) -> list[str]:
             for label in ("1 input", "16 inputs"):
                 if stages := served.get(label, {}).get("stages"):
                     lines.append(f"  {name} [{config}] {label}: {_stages(stages)}")
+                if cpu := served.get(label, {}).get("server_cpu"):
+                    cores = ", ".join(f"{role} {v['cores']} cores ({v['processes']})" for role, v in cpu.items())
+                    lines.append(f"    server CPU: {cores}")
     lines += ["", "targets (issue 8):", *(targets or ["  none evaluated (no served figures)"])]
     return lines
 
