@@ -257,6 +257,43 @@ def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on() -> None:
     assert run(scenario, runner=Recorder(fail_on="bad0")) == ["out:good0"]
 
 
+def test_a_batch_failing_on_the_device_thread_does_not_touch_the_batch_queued_behind_it() -> None:
+    async def scenario(batcher, runner, observer):
+        runner.gate.clear()
+        bad = asyncio.create_task(batcher.submit(rows("bad", [5]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        good = asyncio.create_task(batcher.submit(rows("good", [5] * 8), Ticket.with_timeout(5)))  # queued behind
+        await asyncio.sleep(0.05)
+        runner.gate.set()
+        with pytest.raises(InferenceFailed):
+            await bad
+        return await good, len(observer.batches)
+
+    answers, batches = run(scenario, runner=Recorder(fail_on="bad0"))
+    assert answers == [f"out:good{i}" for i in range(8)] and batches == 2
+
+
+def test_stopping_answers_both_batches_on_the_device_thread() -> None:
+    async def main():
+        runner = Recorder()
+        batcher = Batcher("test", runner, max_batch_size=8, max_batch_tokens=1024, max_wait_s=0.02, max_queue_rows=100)
+        batcher.start()
+        runner.gate.clear()
+        first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(batcher.submit(rows("b", [5] * 8), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        stopping = asyncio.create_task(batcher.stop())
+        await asyncio.sleep(0.05)
+        assert not stopping.done()  # it waits for the batches on the device
+        runner.gate.set()
+        await stopping
+        return await first, await second
+
+    first, second = asyncio.run(main())
+    assert first == ["out:a0"] and second == [f"out:b{i}" for i in range(8)]
+
+
 def test_requests_close_in_time_share_a_batch() -> None:
     async def scenario(batcher, runner, _):
         first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
