@@ -157,6 +157,7 @@ class Batcher:
         self._prepare_executor = ThreadPoolExecutor(1, thread_name_prefix=f"prepare-{name}")
         self._task: asyncio.Task | None = None
         self._runs: list[asyncio.Task] = []  # batches handed to the device thread, oldest first: at most DEVICE_QUEUE
+        self._taken: list[_Item] = []  # the batch taken from the queue and being prepared, not on the device yet
 
     async def run_on_worker(self, work: Callable[[], Any]) -> Any:
         """Run `work` on the thread that runs the batches (warm-up must happen there: CUDA caches are per thread)."""
@@ -171,9 +172,10 @@ class Batcher:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._runs:  # the batches on the device finish and answer their requests
             await asyncio.gather(*self._runs, return_exceptions=True)
-        for item in self._pending:
+        for item in (*self._taken, *self._pending):  # a batch stopped while being prepared is answered too
             item.request.set_exception(NotReady("the server is shutting down"))
         self._pending.clear()
+        self._taken = []
         self._executor.shutdown(wait=True)
         self._prepare_executor.shutdown(wait=True)
 
@@ -243,7 +245,7 @@ class Batcher:
                     await self._wait_for_full_batch_or_free_device()
                 if not self._device_busy():
                     await self._wait_to_fill()
-                batch = self._take_batch()
+                batch = self._taken = self._take_batch()
                 if not batch:
                     continue
                 prepared = await self._prepared(batch)
@@ -251,6 +253,7 @@ class Batcher:
                     # submitted now, not when a task first runs: the device thread queues it behind the batch on it
                     device_run = asyncio.get_running_loop().run_in_executor(self._executor, self._on_device, prepared)
                     self._runs.append(asyncio.get_running_loop().create_task(self._finish(batch, device_run)))
+                self._taken = []
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let the loop die: log, and keep serving

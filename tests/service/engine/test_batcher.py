@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from service.engine.batcher import Batcher, Ticket
-from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Overloaded
+from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 
 
 @dataclass(frozen=True)
@@ -292,6 +292,38 @@ def test_stopping_answers_both_batches_on_the_device_thread() -> None:
 
     first, second = asyncio.run(main())
     assert first == ["out:a0"] and second == [f"out:b{i}" for i in range(8)]
+
+
+def test_stopping_while_a_batch_is_prepared_answers_it_at_once() -> None:
+    async def main():
+        entered, release = threading.Event(), threading.Event()
+
+        def prepare(rows: list[FakeRow]) -> list[FakeRow]:
+            entered.set()
+            release.wait(5)
+            return rows
+
+        batcher = Batcher(
+            "test",
+            Recorder(),
+            prepare=prepare,
+            max_batch_size=8,
+            max_batch_tokens=1024,
+            max_wait_s=0.0,
+            max_queue_rows=100,
+        )
+        batcher.start()
+        request = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(30)))
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+        threading.Timer(0.2, release.set).start()  # stop() waits for the prepare thread, blocking this loop
+        started = time.monotonic()
+        await batcher.stop()
+        with pytest.raises(NotReady):
+            await request
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 2  # not left to its 30 s deadline
 
 
 def test_requests_close_in_time_share_a_batch() -> None:
