@@ -1,0 +1,18 @@
+"""The engine benchmark end to end: a real engine process with sleeping sessions, fed by a client process."""
+
+from __future__ import annotations
+
+from benchmarks.engine_benchmark import measure, parse_args, row_lengths
+from benchmarks.serving import ROOT
+
+
+def test_a_sleeping_engine_answers_every_request_in_batches_within_the_budget() -> None:
+    args = parse_args(["--seconds", "1.5", "--warmup-seconds", "0.5", "--connections", "2", "--in-flight", "4"])
+    args.max_batch_size, args.max_batch_tokens = 32, 2048  # fewer shapes to warm
+    lengths, _ = row_lengths()
+    figures = measure(ROOT, args, lengths)
+    assert figures["errors"] == 0 and figures["rows_per_s"] > 0
+    assert 1 <= figures["rows_per_batch"] <= 32
+    assert figures["padded_per_real_token"] >= 1.0
+    assert 0 < figures["batch_time_share"] <= 1.05
+    assert figures["p50_ms"] is not None and figures["p50_ms"] <= figures["p99_ms"]
