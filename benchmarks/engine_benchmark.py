@@ -175,6 +175,11 @@ def wait_ready(socket_path: Path, process: subprocess.Popen, timeout: float = 12
 
 def measure(source: Path, args: argparse.Namespace, lengths: list[int]) -> dict:
     """One engine from `source`, loaded by the clients; the figures of its measured window."""
+    if not (args.repository / args.model / "model.json").is_file():
+        raise SystemExit(
+            f"no model {args.model!r} in {args.repository}: `make demo` builds the demo repository, or pass "
+            "--repository and --model"
+        )
     with tempfile.TemporaryDirectory(prefix="engine-bench-") as workdir:
         socket_path, metrics_dir = Path(workdir) / "engine.sock", Path(workdir) / "metrics"
         metrics_dir.mkdir()
