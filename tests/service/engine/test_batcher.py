@@ -295,24 +295,14 @@ def test_stopping_answers_both_batches_on_the_device_thread() -> None:
 
 
 def test_stopping_while_a_batch_is_prepared_answers_it_at_once() -> None:
-    async def main():
-        entered, release = threading.Event(), threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
-        def prepare(rows: list[FakeRow]) -> list[FakeRow]:
-            entered.set()
-            release.wait(5)
-            return rows
+    def prepare(rows: list[FakeRow]) -> list[FakeRow]:
+        entered.set()
+        release.wait(5)
+        return rows
 
-        batcher = Batcher(
-            "test",
-            Recorder(),
-            prepare=prepare,
-            max_batch_size=8,
-            max_batch_tokens=1024,
-            max_wait_s=0.0,
-            max_queue_rows=100,
-        )
-        batcher.start()
+    async def scenario(batcher, runner, _):
         request = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(30)))
         while not entered.is_set():
             await asyncio.sleep(0.01)
@@ -323,7 +313,7 @@ def test_stopping_while_a_batch_is_prepared_answers_it_at_once() -> None:
             await request
         return time.monotonic() - started
 
-    assert asyncio.run(main()) < 2  # not left to its 30 s deadline
+    assert run(scenario, prepare=prepare, max_wait_s=0.0) < 2  # not left to its 30 s deadline
 
 
 def test_requests_close_in_time_share_a_batch() -> None:
