@@ -259,9 +259,13 @@ class Batcher:
             except Exception:  # never let the loop die: log, and keep serving
                 log.exception("batcher %s: unexpected error", self.name)
 
-    def _device_busy(self) -> bool:
+    def _batches_on_device(self) -> int:
+        """Batches handed to the device thread and not answered yet (the answered ones leave the list)."""
         self._runs = [run for run in self._runs if not run.done()]
-        return bool(self._runs)
+        return len(self._runs)
+
+    def _device_busy(self) -> bool:
+        return self._batches_on_device() > 0
 
     async def _wait_for_full_batch_or_free_device(self) -> None:
         while self._device_busy() and not self._can_fill():
@@ -271,7 +275,7 @@ class Batcher:
     async def _wait_for_device_queue(self) -> None:
         """Until fewer than DEVICE_QUEUE batches are on the device thread (the one running, one behind it): no batch
         is taken from the queue before it could start next, so rows that arrive meanwhile can still join it."""
-        while self._device_busy() and len(self._runs) >= DEVICE_QUEUE:
+        while self._batches_on_device() >= DEVICE_QUEUE:
             self._wakeup.clear()
             await self._wakeup.wait()
 
