@@ -32,11 +32,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.loadclient import LoadResult
 from benchmarks.process_cpu import ProcessTreeCpu
 from benchmarks.realdata import SHARED
 from benchmarks.reports import write_report
 from benchmarks.scrape import delta, parse
 from benchmarks.serving import ROOT
+from service.metrics import merged_exposition
 
 # Runs in the engine process, from the checkout measured (so no import of this package): wraps every session.
 SLEEPING_ENGINE = """
@@ -90,9 +92,17 @@ def client(socket_path: str, model: str, lengths: list[int], args: dict, start_a
     measured window and each request's time."""
     import numpy as np
 
-    from service import protocol
+    from benchmarks.loadclient import LoadResult
+    from service import errors, protocol
 
-    async def connection(rng: random.Random, window: tuple[float, float], tally: dict) -> None:
+    def status_of(frame: protocol.Frame) -> int:
+        """200 for a result; for an engine error, the status a front-end would answer it with."""
+        if frame.header["op"] == "result":
+            return 200
+        kind = getattr(errors, str(frame.header.get("kind")), errors.InferenceFailed)
+        return int(kind.status_code)
+
+    async def connection(rng: random.Random, window: tuple[float, float], tally: LoadResult) -> None:
         reader, stream = await asyncio.open_unix_connection(socket_path)
         writer, pending = protocol.FrameWriter(stream), {}
 
@@ -120,9 +130,11 @@ def client(socket_path: str, model: str, lengths: list[int], args: dict, start_a
                 writer.write(protocol.encode(header, arrays))
                 frame = await future
                 if window[0] <= sent and time.monotonic() < window[1]:
-                    tally["latencies"].append(time.monotonic() - sent)
-                    tally["rows"] += args["rows"] if frame.header["op"] == "result" else 0
-                    tally["errors"] += frame.header["op"] != "result"
+                    status = status_of(frame)
+                    tally.latencies.append(time.monotonic() - sent)
+                    tally.requests += 1
+                    tally.sequences += args["rows"] if status == 200 else 0
+                    tally.statuses[status] = tally.statuses.get(status, 0) + 1
                 await asyncio.sleep(args["think_ms"] / 1000)
 
         step = 10**7
@@ -130,9 +142,9 @@ def client(socket_path: str, model: str, lengths: list[int], args: dict, start_a
         reading.cancel()
         stream.close()
 
-    async def main() -> dict:
+    async def main() -> LoadResult:
         rng = random.Random(os.getpid())
-        tally: dict = {"rows": 0, "errors": 0, "latencies": []}
+        tally = LoadResult(seconds=args["seconds"])
         await asyncio.sleep(max(0.0, start_at - time.time()))
         now = time.monotonic()
         window = (now + args["warmup_s"], now + args["warmup_s"] + args["seconds"])
@@ -225,30 +237,21 @@ def measure(source: Path, args: argparse.Namespace, lengths: list[int]) -> dict:
 
 
 def _engine_metrics(directory: Path) -> dict[str, float]:
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.multiprocess import MultiProcessCollector
-
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(directory))
-    return parse(generate_latest(registry).decode())
+    return parse(merged_exposition(str(directory)).decode())
 
 
-def _figures(tallies: list[dict], before: dict, after: dict, seconds: float, cpu: dict | None) -> dict:
-    latencies = sorted(x for t in tallies for x in t["latencies"])
+def _figures(tallies: list[LoadResult], before: dict, after: dict, seconds: float, cpu: dict | None) -> dict:
+    load = LoadResult.merge(tallies)
     batches = delta(before, after, "bertserve_batch_size_count") or 0
     rows = delta(before, after, "bertserve_batch_size_sum") or 0
     padded = delta(before, after, "bertserve_batch_padded_tokens_total") or 0
     real = delta(before, after, "bertserve_batch_real_tokens_total") or 0
     busy = delta(before, after, "bertserve_inference_duration_seconds_sum") or 0
-
-    def percentile(q: float) -> float | None:
-        return round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1) if latencies else None
-
     return {
-        "rows_per_s": round(sum(t["rows"] for t in tallies) / seconds),
-        "errors": sum(t["errors"] for t in tallies),
-        "p50_ms": percentile(0.5),
-        "p99_ms": percentile(0.99),
+        "rows_per_s": round(load.sequences_per_s),
+        "statuses": load.statuses,
+        "p50_ms": round(load.percentile_ms(0.5), 1),
+        "p99_ms": round(load.percentile_ms(0.99), 1),
         "batches_per_s": round(batches / seconds, 1),
         "rows_per_batch": round(rows / batches, 1) if batches else None,
         "padded_per_real_token": round(padded / real, 2) if real else None,

@@ -107,14 +107,17 @@ class Metrics:
 
     def exposition(self) -> bytes:
         directory = os.environ.get(MULTIPROCESS_DIR)
-        if not directory:
-            return generate_latest(self.registry)
-        merged = CollectorRegistry()
-        MultiProcessCollector(merged, path=directory)
-        return generate_latest(merged)
+        return merged_exposition(directory) if directory else generate_latest(self.registry)
 
     def observer(self, model: str) -> ModelObserver:
         return ModelObserver(self, model)
+
+
+def merged_exposition(directory: str) -> bytes:
+    """Every process's metrics written to a multiprocess directory, merged, in the exposition format."""
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged, path=directory)
+    return generate_latest(merged)
 
 
 class ModelObserver:

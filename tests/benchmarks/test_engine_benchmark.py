@@ -18,11 +18,11 @@ def test_a_sleeping_engine_answers_every_request_in_batches_within_the_budget(ti
     args.max_batch_size, args.max_batch_tokens = 32, 2048  # fewer shapes to warm
     lengths, _ = row_lengths()
     figures = measure(ROOT, args, lengths)
-    assert figures["errors"] == 0 and figures["rows_per_s"] > 0
+    assert set(figures["statuses"]) == {200} and figures["rows_per_s"] > 0
     assert 1 <= figures["rows_per_batch"] <= 32
     assert figures["padded_per_real_token"] >= 1.0
     assert 0 < figures["batch_time_share"] <= 1.05
-    assert figures["p50_ms"] is not None and figures["p50_ms"] <= figures["p99_ms"]
+    assert 0 < figures["p50_ms"] <= figures["p99_ms"]
 
 
 def test_a_missing_entry_is_a_clear_error_not_a_dead_engine(tmp_path: Path) -> None:
