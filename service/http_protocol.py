@@ -15,6 +15,8 @@ connection for ever; nor any limit on the request line or the headers. Per conne
 - limits: a request target over `max_url_bytes` is a 414, headers over `max_header_bytes` a 431, anything
   httptools cannot parse a 400; each with the one error body (`service.http_errors`), `x-request-id`, a warning
   and an access line, and the connection closed.
+
+And one write per response where uvicorn makes two (`CoalescingTransport`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,55 @@ class HttpLimits:
     max_header_bytes: int = 16384
 
 
+class CoalescingTransport:
+    """A connection's transport whose writes within one turn of the event loop go out as one write.
+
+    uvicorn writes a response's head and its body separately, and each write to a socket is a send() and a TCP
+    segment: on a loopback connection the head's send alone was 8% of a front-end's time under 1-input load, and
+    the client has two segments to read. Held until the loop's current turn ends, head and body leave together;
+    order is kept, and closing (or a write's end of file) sends what is held first."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._held:
+            self._loop.call_soon(self.flush)
+        self._held.append(bytes(data))
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        if not self._held:
+            return
+        data = b"".join(self._held) if len(self._held) > 1 else self._held[0]
+        self._held = []
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(len(data) for data in self._held)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = []
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, pause_reading, ...
+        return getattr(self._transport, name)
+
+
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing; the error to answer is in `HttpProtocol._refusal`."""
 
@@ -65,6 +116,7 @@ class HttpProtocol(HttpToolsProtocol):
     # --- connection and data -------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = cast(asyncio.Transport, CoalescingTransport(transport, self.loop))
         self._head_started = time.perf_counter()
         self._arm(self.limits.header_timeout_s, self._head_timeout)
 
