@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
 from export import __version__
@@ -36,7 +37,7 @@ from service.middleware import (
 from service.probes import ProbeProcess, Verdict, unavailable
 from service.registry import ModelRegistry, ServedModel
 from service.repository import one_line
-from service.routes import router
+from service.routes import INFERENCE_ROUTES, router
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -152,6 +153,19 @@ class BertServeApp(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         return RequestContextMiddleware(super().build_middleware_stack())
 
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's schema of the mounted routes and of the inference routes, which are plain Starlette routes
+        (`service.routes.InferenceRoute`) that FastAPI would not see."""
+        if self.openapi_schema is None:
+            self.openapi_schema = get_openapi(
+                title=self.title,
+                version=self.version,
+                openapi_version=self.openapi_version,
+                description=self.description,
+                routes=[*self.routes, *(route.documentation() for route in INFERENCE_ROUTES)],
+            )
+        return self.openapi_schema
+
 
 def create_app(settings: Settings | None = None, engine_socket: Path | None = None) -> FastAPI:
     """The whole server; with `engine_socket`, a front-end of an engine process listening there.
@@ -195,6 +209,7 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
     )
     app.state.server = server
     install_error_handlers(app)
+    app.router.routes.extend(route.route() for route in INFERENCE_ROUTES)
     app.include_router(router)
     if settings.docs == "on":
         install_docs(app, app.title)

@@ -171,6 +171,8 @@ BAD_REQUESTS = [
                 "inputs.0.x",
             ),
             ("/v1/models/bert-classification/classify", b"", "body"),
+            ("/v1/models/bert-classification/classify", b"null", None),  # JSON, but not an object
+            ("/v1/models/bert-ner/ner", b'["not", "an", "object"]', None),
             ("/v1/models/bert-classification/classify", b'{"inputs": ["x"], "top_k": true}', "top_k"),
             ("/v1/models/bert-qa/qa", b'{"inputs": {"question": "q", "context": "c"}, "top_k": "2"}', "top_k"),
             (
