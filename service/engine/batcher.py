@@ -378,6 +378,10 @@ class Batcher:
         """Answer a batch's rows once the device thread has run it."""
         try:
             run: _DeviceRun = await device_run
+            # The loop may be waiting for a free device: wake it before the rows' answers are queued on this event
+            # loop, so that it hands the device its next batch first. Woken after them, it ran only once every
+            # answer of the batch had been encoded (~80 at 1-input load on an H100), the device idle meanwhile.
+            self._wakeup.set()
             for item in batch:
                 item.ticket.queue_seconds = max(item.ticket.queue_seconds, run.started - item.enqueued)
             error = run.error

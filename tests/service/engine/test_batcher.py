@@ -316,6 +316,24 @@ def test_stopping_while_a_batch_is_prepared_answers_it_at_once() -> None:
     assert run(scenario, prepare=prepare, max_wait_s=0.0) < 2  # not left to its 30 s deadline
 
 
+def test_when_a_batch_ends_the_next_goes_to_the_device_before_its_rows_are_answered() -> None:
+    """The device waits for the loop to hand it the next batch, not for the loop to answer the last one's rows."""
+    on_device_when_answered: dict[str, int] = {}
+
+    async def scenario(batcher, runner, _):
+        async def request(tag: str) -> None:
+            await batcher.submit(rows(tag, [5]), Ticket.with_timeout(5))
+            on_device_when_answered[tag] = batcher._batches_on_device()
+
+        first = [asyncio.create_task(request(tag)) for tag in "abc"]
+        while not runner.batches:
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*first, request("d"))  # "d" waits for the device; it is on it before "a" is answered
+
+    run(scenario, runner=Recorder(delay=0.2), max_wait_s=0.0)
+    assert on_device_when_answered == {"a": 1, "b": 1, "c": 1, "d": 0}
+
+
 def test_requests_close_in_time_share_a_batch() -> None:
     async def scenario(batcher, runner, _):
         first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
