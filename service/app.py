@@ -17,6 +17,7 @@ from starlette.types import ASGIApp
 
 from export import __version__
 from export.model_config import ModelConfig
+from service import collector
 from service.admission import AdmissionGate
 from service.auth import ApiKeys, AuthMiddleware, open_paths
 from service.docs import document_bearer_auth, install_docs
@@ -186,6 +187,7 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
             probes.start()
             server.on_readiness_change = probes.publish
         await server.engine.start(on_change=server.registry.sync)
+        collector.settle()
         self_tests = asyncio.create_task(server.self_test_models(), name="self-tests")
         try:
             yield

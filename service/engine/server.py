@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service import protocol
+from service import collector, protocol
 from service.engine.batcher import Ticket
 from service.engine.core import EngineCore
 from service.errors import InferenceFailed, ServiceError
@@ -132,6 +132,7 @@ async def serve(settings: Settings, path: Path) -> None:
     core = EngineCore(settings, Metrics())
     core.load()
     core.start()
+    collector.settle()
     server = EngineServer(core, path)
     await server.start()
     log.info("engine: listening on %s", path)
