@@ -22,6 +22,7 @@ from service.errors import ServiceError
 
 log = logging.getLogger("service.http")
 INVALID_JSON = "the request body is not valid JSON (UTF-8)"
+EMPTY_BODY = "the request body is empty: a JSON object is required"
 STARLETTE_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
@@ -71,7 +72,7 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     if errors[0].get("type") == "json_invalid":
         return error_response(400, "bad_request", INVALID_JSON)
     if errors[0].get("type") == "missing" and tuple(errors[0].get("loc", ())) == ("body",):
-        return error_response(422, "validation", "the request body is empty: a JSON object is required", "body")
+        return error_response(422, "validation", EMPTY_BODY, "body")
     # Unions report one error per alternative; the deepest path is the one that says what is wrong.
     first = max(errors, key=lambda error: len(_field(error) or ""))
     field = _field(first)

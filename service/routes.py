@@ -25,7 +25,7 @@ from starlette.routing import Route
 from service import schemas
 from service.engine.batcher import Ticket
 from service.errors import BadRequest, InvalidInput, NotReady
-from service.http_errors import INVALID_JSON
+from service.http_errors import EMPTY_BODY, INVALID_JSON
 from service.inference import Inference, Timings
 from service.logs import REQUEST_ID
 
@@ -130,7 +130,7 @@ async def json_body(request: Request) -> Any:
     a 400. (A body that says it is something else was refused before: JsonOnlyMiddleware.)"""
     raw = await request.body()
     if not raw:
-        raise InvalidInput("the request body is empty: a JSON object is required", field="body")
+        raise InvalidInput(EMPTY_BODY, field="body")
     try:
         return json.loads(raw)
     except (ValueError, RecursionError):  # not JSON, not UTF-8, nested past the parser's depth
