@@ -72,7 +72,7 @@ class CoalescingTransport:
     def flush(self) -> None:
         if not self._held:
             return
-        data = b"".join(self._held) if len(self._held) > 1 else self._held[0]
+        data = b"".join(self._held)  # one held write: the very object, not a copy
         self._held = []
         if not self._transport.is_closing():
             self._transport.write(data)
