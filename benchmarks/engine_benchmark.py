@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks.loadclient import LoadResult
 from benchmarks.process_cpu import ProcessTreeCpu
-from benchmarks.realdata import SHARED
+from benchmarks.realdata import SHARED, sst2
 from benchmarks.reports import write_report
 from benchmarks.scrape import delta, parse
 from benchmarks.serving import ROOT
@@ -74,11 +74,11 @@ sys.exit(server.main(["--socket", sys.argv[3]]))
 
 def row_lengths(seed: int = 0) -> tuple[list[int], str]:
     """Token counts of the SST-2 dev sentences with the MiniLM tokenizer, or a like spread where absent."""
-    tokenizer, data = SHARED / "models" / "minilm-bert-sst2" / "tokenizer.json", SHARED / "data" / "sst2" / "dev.tsv"
-    if tokenizer.is_file() and data.is_file():
+    tokenizer = SHARED / "models" / "minilm-bert-sst2" / "tokenizer.json"
+    if tokenizer.is_file() and (SHARED / "data" / "sst2" / "dev.tsv").is_file():
         from tokenizers import Tokenizer
 
-        sentences = [line.split("\t")[0] for line in data.read_text().splitlines()[1:]]
+        sentences = [sentence for sentence, _ in sst2()]
         return [len(e.ids) for e in Tokenizer.from_file(str(tokenizer)).encode_batch(sentences)], "SST-2 dev"
     rng = random.Random(seed)
     return [max(4, min(66, round(rng.gauss(25, 10)))) for _ in range(872)], "synthetic (no ../shared)"
