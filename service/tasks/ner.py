@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tokenizers import Encoding
@@ -48,9 +48,11 @@ DEFAULT_STRIDE = 128
 Entity = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class TokenSpan:
-    """One non-special token of a window: what the entities need besides its scores."""
+class TokenSpan(NamedTuple):
+    """One non-special token of a window: what the entities need besides its scores.
+
+    A named tuple, not a dataclass: one is made per token of every request, and a tuple is made several times
+    faster (post-processing is on the serving path)."""
 
     position: int  # index in its window's row
     index: int  # index in the tokens of the whole text, as if it fitted in one window (= position in window 0)
@@ -67,12 +69,11 @@ class NerFeatures:
     join_tokens: Callable[[Sequence[str]], str]  # the tokenizer's decoder over token strings
 
 
-@dataclass(frozen=True)
-class _Tagged:
+class _Tagged(NamedTuple):
     """A token or word with its label: the step before grouping and filtering."""
 
     label: str
-    score: np.floating
+    score: float  # a float32 score, exactly
     word: str
     start: int
     end: int
@@ -199,17 +200,22 @@ def _window_entities(
         tagged = _tag_tokens(tokens, scores, labels)
     if strategy == "none":
         return [_token_entity(item) for item in tagged if item.label not in ignore_labels]
-    groups = [_entity_group(group, join_tokens) for group in _group_tags(tagged)]
-    return [group for group in groups if group["entity_group"] not in ignore_labels]
+    # Ignored groups (the "O" runs, most of a text) are dropped before their words are joined and scores averaged.
+    return [
+        _entity_group(group, join_tokens) for group in _group_tags(tagged) if _group_tag(group) not in ignore_labels
+    ]
 
 
 def _tag_tokens(tokens: list[TokenSpan], scores: np.ndarray, labels: list[str]) -> list[_Tagged]:
-    tagged = []
-    for token in tokens:
-        token_scores = scores[token.position]
-        best = int(token_scores.argmax())
-        tagged.append(_Tagged(labels[best], token_scores[best], token.word, token.start, token.end, token.index))
-    return tagged
+    """Every token's best label, found for the whole window in one pass (a numpy call per token cost more than the
+    rest of post-processing)."""
+    token_scores = scores[[token.position for token in tokens]]
+    best = token_scores.argmax(axis=-1)
+    best_scores = token_scores[np.arange(len(tokens)), best].tolist()
+    return [
+        _Tagged(labels[label], score, token.word, token.start, token.end, token.index)
+        for token, label, score in zip(tokens, best.tolist(), best_scores, strict=True)
+    ]
 
 
 def _split_words(tokens: list[TokenSpan]) -> list[list[TokenSpan]]:
@@ -225,8 +231,8 @@ def _split_words(tokens: list[TokenSpan]) -> list[list[TokenSpan]]:
 
 def _word_scores(word: list[TokenSpan], scores: np.ndarray, strategy: str) -> np.ndarray:
     """The label scores that decide a word's label."""
-    if strategy == "first":
-        return scores[word[0].position]
+    if strategy == "first" or len(word) == 1:
+        return scores[word[0].position]  # of one token, its row is the mean and the most confident alike
     if strategy == "max":
         # The most confident token; the first of equals.
         return max((scores[token.position] for token in word), key=lambda token_scores: token_scores.max())
@@ -245,7 +251,7 @@ def _tag_words(
         word_scores = _word_scores(word, scores, strategy)
         best = int(word_scores.argmax())
         text = join_tokens([token.word for token in word])
-        tagged.append(_Tagged(labels[best], word_scores[best], text, word[0].start, word[-1].end, word[0].index))
+        tagged.append(_Tagged(labels[best], float(word_scores[best]), text, word[0].start, word[-1].end, word[0].index))
     return tagged
 
 
@@ -259,23 +265,38 @@ def _bio(label: str) -> tuple[str, str]:
 def _group_tags(tagged: list[_Tagged]) -> list[list[_Tagged]]:
     """Adjacent items with the same tag, a new group at every B- tag (and at every tag change)."""
     groups: list[list[_Tagged]] = []
+    last_tag = None
     for item in tagged:
         prefix, tag = _bio(item.label)
-        if groups and prefix != "B" and tag == _bio(groups[-1][-1].label)[1]:
+        if groups and prefix != "B" and tag == last_tag:
             groups[-1].append(item)
         else:
             groups.append([item])
+        last_tag = tag
     return groups
 
 
+def _group_tag(group: list[_Tagged]) -> str:
+    return group[0].label.split("-", 1)[-1]  # the pipeline cuts at the first "-", whatever the prefix
+
+
 def _entity_group(group: list[_Tagged], join_tokens: Callable[[Sequence[str]], str]) -> Entity:
+    score = group[0].score if len(group) == 1 else _mean_score([item.score for item in group])
     return {
-        "entity_group": group[0].label.split("-", 1)[-1],  # the pipeline cuts at the first "-", whatever the prefix
-        "score": float(np.nanmean(np.array([item.score for item in group]))),
+        "entity_group": _group_tag(group),
+        "score": score,
         "word": join_tokens([item.word for item in group]),
         "start": group[0].start,
         "end": group[-1].end,
     }
+
+
+def _mean_score(scores: list[float]) -> float:
+    """The pipeline's `np.nanmean` over float32 scores. Without a NaN among them that is the plain float32 mean
+    (the same sum and division, checked bit for bit), at a third of the cost."""
+    values = np.array(scores, dtype=np.float32)
+    mean = values.mean()
+    return float(np.nanmean(values) if np.isnan(mean) else mean)
 
 
 def _token_entity(item: _Tagged) -> Entity:

@@ -404,3 +404,18 @@ def test_real_conll03_checkpoint_matches_the_pipeline() -> None:
     assert len(features.rows) >= 2
     assert compared > 50
     check_pipeline_logits(real, texts[-1], 128, max_length)
+
+
+def test_entity_scores_are_the_float32_nanmean_the_pipeline_takes() -> None:
+    # Group scores skip np.nanmean where they can (one score; no NaN among several): the result must not move.
+    rng = np.random.default_rng(7)
+    for size in (1, 2, 3, 5, 8, 13):
+        for _ in range(200):
+            scores = (rng.random(size, dtype=np.float32) ** rng.integers(1, 6)).astype(np.float32)
+            as_floats = [float(score) for score in scores]  # the tagged items hold float32 values as floats
+            expected = float(np.nanmean(scores))
+            got = as_floats[0] if size == 1 else ner._mean_score(as_floats)
+            assert got == expected, (scores, got, expected)
+    assert ner._mean_score([0.5, float("nan"), 0.25]) == pytest.approx(0.375)
+    with pytest.warns(RuntimeWarning, match="empty slice"):  # as np.nanmean over all-NaN scores warns
+        assert np.isnan(ner._mean_score([float("nan"), float("nan")]))
