@@ -96,7 +96,7 @@ def write_int8_static(
     before: dict[int, list[onnx.NodeProto]] = {}
     after: dict[int, list[onnx.NodeProto]] = {}
     replacements: dict[int, onnx.NodeProto] = {}
-    split = 0
+    split = copied = 0
     for node in quantizers:
         source = str(node.input[0])
         quantized, scale_name, zero_point_name = (str(name) for name in node.output)
@@ -117,7 +117,19 @@ def write_int8_static(
                 numpy_helper.from_array(np.array(zero_point, dtype=np.uint8), zero_point_name),
             ]
         )
-        if outliers:
+        exact_rows = [_exact_rows(chain, outliers, initializers, exact) for chain in users] if outliers else []
+        copies = (
+            _copies_needed(low[outliers], high[outliers], scale, zero_point)
+            if outliers
+            and all(_widens(chain, initializers) for chain in users)
+            and all(rows is not None for rows in exact_rows)
+            else 0
+        )
+        if copies:
+            split += 1
+            copied += 1
+            after[id(node)] = _outlier_copies(model, node, outliers, copies, scale, users, exact_rows, initializers)
+        elif outliers:
             split += 1
             gather, gathered = _gather_outliers(model, node.name, source, outliers)
             before[id(node)] = [gather]
@@ -141,9 +153,11 @@ def write_int8_static(
         "method": (
             "min-max over the calibration inputs; outlier channels (largest |value| over "
             f"{OUTLIER_RATIO:g}x the median channel's, at most {MAX_OUTLIER_CHANNELS}) of a MatMul's input "
-            "left out of its int8 range and multiplied in fp32"
+            "left out of its int8 range: into a widening MatMul as dithered int8 copies at the range's step, "
+            "else multiplied in fp32"
         ),
         "outlier_split_activations": split,
+        "outlier_copied_activations": copied,
         "fused_matmuls": fused,
     }
 
@@ -201,6 +215,88 @@ def _integer_matmul_chains(model: onnx.ModelProto) -> list[_Chain]:
     return chains
 
 
+# Outlier channels as copies inside the int8 product. A channel x that needs C times the range of the others goes
+# in as C extra input channels, each x/C plus a dither of (i + 0.5 - C/2) steps, quantized at the others' step: the
+# C rounded copies sum to x rounded at that step (Hermite's identity), so x is as precise as any other channel
+# and never saturates. Its weight row goes in C times, each copy rounded with a dither of its own from the exact
+# fp32 row, so that the C copies sum to the row at C times int8's precision (the plain int8 row, multiplied by
+# x's large values, cost 1.3 points of CoNLL F1). For a MatMul that widens (MiniLM's FFN input: 384 channels in,
+# 1536 out) this replaces the fp32 Gemm's pass over the wide output by a concatenation of uint8 input channels:
+# measured 5% less time for static int8 on SQuAD-length input (4 x 384 tokens), and no change on SST-2 batches.
+OUTLIER_RANGE_MARGIN = 1.5  # serving text may reach past the calibration's peak; the copies cover 1.5x it
+MAX_OUTLIER_COPIES = 16
+
+
+def _widens(chain: _Chain, initializers: dict[str, onnx.TensorProto]) -> bool:
+    rows, columns = initializers[chain.matmul.input[1]].dims
+    return columns > rows
+
+
+def _copies_needed(low: np.ndarray, high: np.ndarray, scale: float, zero_point: int) -> int:
+    """Copies that keep every outlier value (with the margin) inside the uint8 range at `scale`; 0: none do."""
+    room_up, room_down = (254 - zero_point) * scale, (zero_point - 1) * scale  # half a step kept clear each side
+    need = 1.0
+    for peak, room in ((float(high.max()), room_up), (-float(low.min()), room_down)):
+        if peak > 0:
+            if room <= 0:
+                return 0
+            need = max(need, OUTLIER_RANGE_MARGIN * peak / room)
+    copies = int(np.ceil(need))
+    return copies if copies <= MAX_OUTLIER_COPIES else 0
+
+
+def _outlier_copies(
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    outliers: list[int],
+    copies: int,
+    scale: float,
+    users: list[_Chain],
+    exact_rows: list[np.ndarray | None],
+    initializers: dict[str, onnx.TensorProto],
+) -> list[onnx.NodeProto]:
+    """The nodes that append the outlier channels' copies to the quantized input of `users`, whose weights get the
+    dithered copies of those rows (and zeros in the rows of the original, saturated channels)."""
+    source, quantized, zero_point_name = str(node.input[0]), str(node.output[0]), str(node.output[2])
+    name = node.name
+    steps = np.arange(copies) + 0.5 - copies / 2  # the activation's dither, in steps of the range
+    names = {part: f"{name}.outlier_copies_{part}" for part in ("index", "dither", "scale", "float", "uint8", "all")}
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.repeat(np.array(outliers, dtype=np.int64), copies), names["index"]),
+            numpy_helper.from_array(np.tile(steps * scale, len(outliers)).astype(np.float32), names["dither"]),
+            numpy_helper.from_array(np.array(scale * copies, dtype=np.float32), names["scale"]),
+        ]
+    )
+    for chain, rows in zip(users, exact_rows, strict=True):
+        assert rows is not None
+        _, weight, _, weight_zero_point = chain.matmul.input
+        integer = numpy_helper.to_array(initializers[weight])
+        zero_point = numpy_helper.to_array(initializers[weight_zero_point]).astype(np.float64)
+        weight_scale = numpy_helper.to_array(initializers[chain.weight_scale]).astype(np.float64)
+        low, high = (-127, 127) if integer.dtype == np.int8 else (0, 255)  # int8 weights are symmetric
+        dithered = [
+            np.clip(np.round(row / weight_scale + (copies - 1 - i + 0.5) / copies - 0.5) + zero_point, low, high)
+            for row in rows.astype(np.float64)
+            for i in range(copies)  # the reverse of the activation's dither: the two do not round together
+        ]
+        kept = integer.copy()
+        kept[outliers] = np.broadcast_to(zero_point.astype(integer.dtype), kept[outliers].shape)
+        widened = np.concatenate([kept, np.array(dithered, dtype=integer.dtype)])
+        initializers[weight].CopyFrom(numpy_helper.from_array(widened, weight))
+        chain.matmul.input[0] = names["all"]
+    return [
+        helper.make_node(
+            "Gather", [source, names["index"]], [f"{names['float']}_x"], name=f"{name}.gather_copies", axis=-1
+        ),
+        helper.make_node("Add", [f"{names['float']}_x", names["dither"]], [names["float"]], name=f"{name}.dither"),
+        helper.make_node(
+            "QuantizeLinear", [names["float"], names["scale"], zero_point_name], [names["uint8"]], name=f"{name}.copies"
+        ),
+        helper.make_node("Concat", [quantized, names["uint8"]], [names["all"]], name=f"{name}.with_copies", axis=-1),
+    ]
+
+
 def _gather_outliers(model: onnx.ModelProto, name: str, source: str, outliers: list[int]) -> tuple[onnx.NodeProto, str]:
     """The outlier channels of `source`, gathered apart. The int8 product still sees them (quantized, saturated)
     but multiplies them by weight rows set to zero: no pass over the whole tensor to mask them."""
@@ -227,15 +323,9 @@ def _outlier_product(
     integer = numpy_helper.to_array(initializers[weight])
     zero_point = numpy_helper.to_array(initializers[weight_zero_point])
     weight_scale = numpy_helper.to_array(initializers[chain.weight_scale]).astype(np.float32)
-    rows = (integer[outliers].astype(np.float32) - zero_point.astype(np.float32)) * weight_scale
-    original = exact.get(weight)
-    # The fp32 tensor of the same name is used only where it is this weight (a MatMul by a transposed
-    # initializer is folded by quantize_dynamic into a new weight under the old name): same shape, and
-    # within one rounding step of the int8 rows.
-    if original is not None and original.shape == integer.shape:
-        candidate = original[outliers].astype(np.float32)
-        if np.all(np.abs(candidate - rows) <= np.abs(weight_scale) * 0.5 + 1e-6):
-            rows = candidate
+    rows = _exact_rows(chain, outliers, initializers, exact)
+    if rows is None:
+        rows = (integer[outliers].astype(np.float32) - zero_point.astype(np.float32)) * weight_scale
     without = integer.copy()
     without[outliers] = np.broadcast_to(zero_point, without[outliers].shape)
     initializers[weight].CopyFrom(numpy_helper.from_array(without, weight))
@@ -264,6 +354,24 @@ def _outlier_product(
         helper.make_node("Shape", [inliers], [f"{output}.shape"], name=f"{name}.output_shape"),
         helper.make_node("Reshape", [f"{output}_2d", f"{output}.shape"], [output], name=f"{name}.add_outliers"),
     ]
+
+
+def _exact_rows(
+    chain: _Chain, outliers: list[int], initializers: dict[str, onnx.TensorProto], exact: dict[str, np.ndarray]
+) -> np.ndarray | None:
+    """The fp32 weight rows of `outliers`, or None where the fp32 tensor of the weight's name is not this weight
+    (a MatMul by a transposed initializer is folded by quantize_dynamic into a new weight under the old name): it
+    must have the same shape, and rows within one rounding step of the int8 ones."""
+    _, weight, _, weight_zero_point = chain.matmul.input
+    original = exact.get(weight)
+    integer = numpy_helper.to_array(initializers[weight])
+    if original is None or original.shape != integer.shape:
+        return None
+    zero_point = numpy_helper.to_array(initializers[weight_zero_point]).astype(np.float32)
+    weight_scale = numpy_helper.to_array(initializers[chain.weight_scale]).astype(np.float32)
+    rows = (integer[outliers].astype(np.float32) - zero_point) * weight_scale
+    candidate = original[outliers].astype(np.float32)
+    return candidate if np.all(np.abs(candidate - rows) <= np.abs(weight_scale) * 0.5 + 1e-6) else None
 
 
 def _float_weights(fp32: Path, quantized: set[str]) -> dict[str, np.ndarray]:

@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from export.calibration import calibration_set, uint8_scale, write_int8_static
+from export.calibration import MAX_OUTLIER_COPIES, _copies_needed, calibration_set, uint8_scale, write_int8_static
 from export.calibration_text import builtin_texts
 from export.errors import ExportError
 from export.pipeline import export_checkpoint
@@ -161,6 +161,53 @@ def test_an_outlier_channel_goes_round_the_int8_product_in_fp32(tmp_path: Path, 
         assert [node.op_type for node in graph.node] == ["QuantizeLinear", "MatMulIntegerToFloat"]
     alone = [session.run(["y"], {"x": states[:, i : i + 1]})[0] for i in range(states.shape[1])]
     assert np.array_equal(np.concatenate(alone, axis=1), produced)  # still one row at a time
+
+
+def test_outlier_channels_enter_a_widening_product_as_dithered_int8_copies(tmp_path: Path) -> None:
+    """A MatMul with more outputs than inputs (the FFN's first) takes the outlier channel as extra uint8 input
+    channels: no fp32 Gemm over its wide output. The copies must carry the channel as precisely as the fp32 side
+    path does, which the plain int8 weight row (times the channel's large values) did not."""
+    rng = np.random.default_rng(3)
+    fp32, dynamic, static = tmp_path / "fp32.onnx", tmp_path / "dynamic.onnx", tmp_path / "static.onnx"
+    weight = dense_layer(fp32, channels=64, outputs=256)
+    write_int8_dynamic(fp32, dynamic)
+    feeds = [{"x": hidden_states(rng, 20, 30.0)} for _ in range(10)]
+    made = write_int8_static(dynamic, static, feeds, fp32)
+    assert made["outlier_split_activations"] == 1 and made["outlier_copied_activations"] == 1
+    graph = onnx.load(str(static)).graph
+    operators = [node.op_type for node in graph.node]
+    assert "Gemm" not in operators and operators.count("Concat") == 1
+    integer = next(node for node in graph.node if node.op_type == "MatMulIntegerToFloat").input[1]
+    rows = next(onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name == integer)
+    copies = rows.shape[0] - 64
+    assert 2 <= copies <= MAX_OUTLIER_COPIES and not rows[OUTLIER].any()
+    # the copies of the weight row average to the exact row at a finer step than one int8 row gives
+    scales = onnx.numpy_helper.to_array(
+        next(t for t in graph.initializer if t.name == integer.replace("_quantized", "_scale"))
+    )
+    averaged = rows[64:].astype(np.float64).mean(axis=0) * scales
+    assert np.abs(averaged - weight[OUTLIER]).max() < 0.5 * np.abs(scales).max() / copies + 1e-6
+
+    session = ort.InferenceSession(str(static), providers=["CPUExecutionProvider"])
+    states = hidden_states(rng, 50, 30.0)
+    states[0, 0, OUTLIER] = 40.0  # past the calibration's peak (~33): still inside the copies' range
+    produced = session.run(["y"], {"x": states})[0]
+    assert np.abs(produced - states @ weight).max() < 0.05
+    alone = [session.run(["y"], {"x": states[:, i : i + 1]})[0] for i in range(states.shape[1])]
+    assert np.array_equal(np.concatenate(alone, axis=1), produced)  # still one row at a time
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "scale", "zero_point", "expected"),
+    [
+        (-1.0, 30.0, 8.0 / 255, 128, 12),  # 1.5 x 30 = 45 over the 126 steps (3.95) above the zero point
+        (-30.0, 1.0, 8.0 / 255, 128, 12),  # the same below it (127 steps less the half step kept clear)
+        (-1.0, 30.0, 4.0 / 255, 0, 0),  # nothing below zero fits a range that starts at zero
+        (0.0, 300.0, 4.0 / 255, 0, 0),  # more than MAX_OUTLIER_COPIES: the fp32 side path instead
+    ],
+)
+def test_copies_cover_the_outlier_range_with_margin(low, high, scale, zero_point, expected) -> None:
+    assert _copies_needed(np.array([low]), np.array([high]), scale, zero_point) == expected
 
 
 def test_user_calibration_text_is_used_and_recorded(tiny_checkpoint, tmp_path: Path) -> None:
