@@ -55,7 +55,7 @@ class TokenSpan(NamedTuple):
     faster (post-processing is on the serving path)."""
 
     position: int  # index in its window's row
-    index: int  # index in the tokens of the whole text, as if it fitted in one window (= position in window 0)
+    text_index: int  # index in the tokens of the whole text, as if it fitted in one window (= position in window 0)
     word: str  # the vocabulary string, or for the unknown token the text it stands for
     start: int
     end: int
@@ -77,7 +77,7 @@ class _Tagged(NamedTuple):
     word: str
     start: int
     end: int
-    index: int
+    text_index: int  # the entity's `index`: of the token in the whole text's tokens
 
 
 def window_capacity(tokenizer: TextTokenizer, max_length: int) -> int:
@@ -213,7 +213,7 @@ def _tag_tokens(tokens: list[TokenSpan], scores: np.ndarray, labels: list[str]) 
     best = token_scores.argmax(axis=-1)
     best_scores = token_scores[np.arange(len(tokens)), best].tolist()
     return [
-        _Tagged(labels[label], score, token.word, token.start, token.end, token.index)
+        _Tagged(labels[label], score, token.word, token.start, token.end, token.text_index)
         for token, label, score in zip(tokens, best.tolist(), best_scores, strict=True)
     ]
 
@@ -251,7 +251,9 @@ def _tag_words(
         word_scores = _word_scores(word, scores, strategy)
         best = int(word_scores.argmax())
         text = join_tokens([token.word for token in word])
-        tagged.append(_Tagged(labels[best], float(word_scores[best]), text, word[0].start, word[-1].end, word[0].index))
+        tagged.append(
+            _Tagged(labels[best], float(word_scores[best]), text, word[0].start, word[-1].end, word[0].text_index)
+        )
     return tagged
 
 
@@ -303,7 +305,7 @@ def _token_entity(item: _Tagged) -> Entity:
     return {
         "entity": item.label,
         "score": float(item.score),
-        "index": item.index,
+        "index": item.text_index,
         "word": item.word,
         "start": item.start,
         "end": item.end,

@@ -263,8 +263,8 @@ def test_token_indices_count_over_the_whole_text(checkpoint: Callable[[str], Che
     features = ner.prepare(model.tokenizer, LONG_TEXT, MAX_LENGTH, 8)
     for window_tokens, row in zip(features.tokens, features.rows, strict=True):
         for token in window_tokens:
-            assert whole.ids[token.index] == row.input_ids[token.position]
-            assert same_span(whole.offsets[token.index], token.start, token.end, LONG_TEXT)
+            assert whole.ids[token.text_index] == row.input_ids[token.position]
+            assert same_span(whole.offsets[token.text_index], token.start, token.end, LONG_TEXT)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
