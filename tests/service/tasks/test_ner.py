@@ -414,7 +414,7 @@ def test_entity_scores_are_the_float32_nanmean_the_pipeline_takes() -> None:
             scores = (rng.random(size, dtype=np.float32) ** rng.integers(1, 6)).astype(np.float32)
             as_floats = [float(score) for score in scores]  # the tagged items hold float32 values as floats
             expected = float(np.nanmean(scores))
-            got = as_floats[0] if size == 1 else ner._mean_score(as_floats)
+            got = ner._mean_score(as_floats)
             assert got == expected, (scores, got, expected)
     assert ner._mean_score([0.5, float("nan"), 0.25]) == pytest.approx(0.375)
     with pytest.warns(RuntimeWarning, match="empty slice"):  # as np.nanmean over all-NaN scores warns
