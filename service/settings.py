@@ -47,6 +47,13 @@ class Settings(BaseSettings):
         "within its accuracy budget (--eval), else fp32; int8-dynamic answers may move with the batch make-up",
     )
     threads: int = Field(0, ge=0, le=256, description="intra-op threads per session; 0: one per core")
+    cpu_streams: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="CPU: batches of one model run at once, each on its own thread with threads / streams intra-op "
+        "threads (one session); more sequences/s from small batches, a lone request on fewer threads",
+    )
     engine_mode: Literal["auto", "in-process", "process"] = Field(
         "auto",
         description="process: front-end processes (HTTP, tokenization) and one engine process (sessions, batching) "
@@ -213,6 +220,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"max_batch_tokens ({self.max_batch_tokens}) is below max_batch_size ({self.max_batch_size}): "
                 "no batch could ever be full"
+            )
+        if self.cpu_streams > self.session_threads:
+            raise ValueError(
+                f"cpu_streams ({self.cpu_streams}) is more than the intra-op threads ({self.session_threads}, "
+                "--threads or one per core): each stream needs a thread of its own"
             )
         if self.cuda_graphs == "on" and self.shape_buckets == "off":
             raise ValueError("cuda_graphs on needs shape buckets (a graph is captured per shape)")

@@ -10,8 +10,12 @@
   the queue is empty; and in rows (`max_queue_rows`), a hard cap. Every request has a deadline: past it
   the request gets `DeadlineExceeded` and its rows that have not run are dropped. Rows of requests whose client
   went away (ticket cancelled) are dropped too.
-- The runner runs on one worker thread per model, so the event loop never blocks; while a batch runs, the next
-  one queues. A runner failure fails each request of that batch with `InferenceFailed`; the loop goes on.
+- The runner runs on worker threads of its own (one per stream), so the event loop never blocks; while the
+  streams are busy, the next batch queues. A runner failure fails each request of that batch with
+  `InferenceFailed`; the loop goes on.
+- `streams` batches run at once (default 1). On a CPU, two streams with half the threads each keep both cores in
+  arithmetic where one small batch on two threads spends much of its time handing each operator's halves out and
+  waiting for them; the runner must be safe to call from several threads (onnxruntime sessions are).
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotR
 
 log = logging.getLogger("service.engine.batcher")
 _LENGTH = operator.attrgetter("length")
-DEVICE_QUEUE = 2  # batches on the device thread at once: the one running and the next, ready to start
 _FAILED = object()  # a batch whose preparation failed: its requests are answered already
 
 
@@ -137,7 +140,10 @@ class Batcher:
         observer: BatchObserver | None = None,
         prepare: Callable[[list[Any]], Any] | None = None,
         padded_cost: Callable[[int, int], int] | None = None,
+        streams: int = 1,
     ) -> None:
+        if streams < 1:
+            raise ValueError(f"streams must be at least 1, not {streams}")
         self.name = name
         self._runner = runner
         self._prepare = prepare
@@ -153,14 +159,18 @@ class Batcher:
         self._observer = observer
         self._pending: list[_Item] = []
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}")
+        self.streams = streams
+        # batches on the device threads at once: one running per stream, and the next, ready to start
+        self._device_queue = streams + 1
+        self._executor = ThreadPoolExecutor(streams, thread_name_prefix=f"infer-{name}")
         self._prepare_executor = ThreadPoolExecutor(1, thread_name_prefix=f"prepare-{name}")
         self._task: asyncio.Task | None = None
-        self._runs: list[asyncio.Task] = []  # batches handed to the device thread, oldest first: at most DEVICE_QUEUE
+        self._runs: list[asyncio.Task] = []  # batches handed to the device threads, oldest first: _device_queue at most
         self._taken: list[_Item] = []  # the batch taken from the queue and being prepared, not on the device yet
 
     async def run_on_worker(self, work: Callable[[], Any]) -> Any:
-        """Run `work` on the thread that runs the batches (warm-up must happen there: CUDA caches are per thread)."""
+        """Run `work` on a thread that runs the batches (warm-up must happen there: CUDA caches are per thread; CUDA
+        runs one stream, so that is its only thread)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     def start(self) -> None:
@@ -215,8 +225,9 @@ class Batcher:
             timer.cancel()
 
     def expected_wait_s(self, more_tokens: int = 0) -> float:
-        """Time to run the queued rows and `more_tokens` besides at the measured cost; 0 before any batch ran."""
-        return (self._pending_tokens + more_tokens) * (self.seconds_per_token or 0.0)
+        """Time to run the queued rows and `more_tokens` besides at the measured cost; 0 before any batch ran. The
+        cost is each batch's own run time, and the streams run that many batches at once."""
+        return (self._pending_tokens + more_tokens) * (self.seconds_per_token or 0.0) / self.streams
 
     def _expire(self, request: _Request, ticket: Ticket) -> None:
         if request.done():
@@ -260,12 +271,13 @@ class Batcher:
                 log.exception("batcher %s: unexpected error", self.name)
 
     def _batches_on_device(self) -> int:
-        """Batches handed to the device thread and not answered yet (the answered ones leave the list)."""
+        """Batches handed to the device threads and not answered yet (the answered ones leave the list)."""
         self._runs = [run for run in self._runs if not run.done()]
         return len(self._runs)
 
     def _device_busy(self) -> bool:
-        return self._batches_on_device() > 0
+        """Every stream has a batch: a new one would have to wait for one of them."""
+        return self._batches_on_device() >= self.streams
 
     async def _wait_for_full_batch_or_free_device(self) -> None:
         while self._device_busy() and not self._can_fill():
@@ -273,9 +285,9 @@ class Batcher:
             await self._wakeup.wait()
 
     async def _wait_for_device_queue(self) -> None:
-        """Until fewer than DEVICE_QUEUE batches are on the device thread (the one running, one behind it): no batch
-        is taken from the queue before it could start next, so rows that arrive meanwhile can still join it."""
-        while self._batches_on_device() >= DEVICE_QUEUE:
+        """Until a batch could start next (fewer than one per stream and one behind them on the device threads): no
+        batch is taken from the queue before that, so rows that arrive meanwhile can still join it."""
+        while self._batches_on_device() >= self._device_queue:
             self._wakeup.clear()
             await self._wakeup.wait()
 

@@ -93,6 +93,7 @@ class EngineCore:
                 max_queue_s=self.settings.max_queue_s,
                 max_padding_ratio=self._padding_ratio(runtime),
                 observer=self.metrics.observer(model.name),
+                streams=runtime.streams,
             )
             model.batcher.start()
 

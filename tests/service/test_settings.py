@@ -38,6 +38,7 @@ def test_a_short_deadline_alone_shortens_the_default_queue_bound() -> None:
         ({"max_queue_rows": 0}, "greater than or equal to 1"),
         ({"max_qa_windows": 0}, "greater than or equal to 1"),
         ({"release_memory_idle_s": -1}, "greater than or equal to 0"),
+        ({"cpu_streams": 3, "threads": 2}, "each stream needs a thread of its own"),
     ],
 )
 def test_unsafe_values_are_refused(values: dict, message: str) -> None:

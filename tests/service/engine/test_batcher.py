@@ -148,6 +148,45 @@ def test_the_next_batch_starts_on_the_device_thread_while_the_event_loop_is_busy
     assert run(scenario) == ["a0", "b0"]  # the device thread went from one batch to the next on its own
 
 
+@pytest.mark.parametrize("streams", [1, 2])
+def test_streams_run_that_many_batches_at_once(streams: int) -> None:
+    together = threading.Barrier(2)  # opens only when two batches are on the device threads at the same time
+
+    def runner(batch: list[FakeRow]) -> list[str]:
+        try:
+            together.wait(timeout=0.5)
+        except threading.BrokenBarrierError:
+            raise RuntimeError("this batch ran alone") from None
+        return [f"out:{row.tag}" for row in batch]
+
+    async def scenario(batcher, runner, _):
+        short, long = rows("short", [5]), rows("long", [50])  # unlike lengths: two batches
+        return await asyncio.gather(
+            batcher.submit(short, Ticket.with_timeout(5)),
+            batcher.submit(long, Ticket.with_timeout(5)),
+            return_exceptions=True,
+        )
+
+    answers = run(scenario, runner=runner, streams=streams, max_padding_ratio=1.0)
+    if streams == 2:
+        assert answers == [["out:short0"], ["out:long0"]]
+    else:  # one stream: the first batch waits alone, the second finds the barrier broken
+        assert [type(answer) for answer in answers] == [InferenceFailed, InferenceFailed]
+
+
+def test_the_expected_wait_shares_the_queued_work_among_the_streams() -> None:
+    waits = {}
+    for streams in (1, 2, 4):
+        batcher = Batcher(
+            "t", Recorder(), max_batch_size=8, max_batch_tokens=64, max_wait_s=0, max_queue_rows=10, streams=streams
+        )
+        batcher.seconds_per_token = 0.001  # each batch's own time per token; the streams run batches side by side
+        waits[streams] = batcher.expected_wait_s(1000)
+    assert waits == {1: 1.0, 2: 0.5, 4: 0.25}
+    with pytest.raises(ValueError, match="streams must be at least 1"):
+        Batcher("t", Recorder(), max_batch_size=8, max_batch_tokens=64, max_wait_s=0, max_queue_rows=10, streams=0)
+
+
 def test_queue_is_bounded_in_time_at_the_measured_cost_per_token() -> None:
     class PerToken(Recorder):  # 1 ms per token
         def __call__(self, batch: list[FakeRow]) -> list[str]:

@@ -115,6 +115,40 @@ def test_warm_up_runs_every_bucket_on_the_batch_thread_and_batches_stay_in_the_g
     assert threads == {"infer-bert-classification_0"}
 
 
+def test_streams_share_the_threads_and_one_session_and_answer_as_one_stream(tiny_repository: Path) -> None:
+    entry = tiny_repository / "roberta-ner"
+    reference = runtime_for(entry)
+    settings = Settings(device="cpu", threads=2, cpu_streams=2, max_batch_size=4, max_padding_ratio=1.0)
+    core = EngineCore(settings.model_copy(update={"models": ["roberta-ner"], "repository": tiny_repository}), Metrics())
+    core.load()
+    runtime = core.models["roberta-ner"].runtime
+    assert runtime is not None and runtime.streams == 2
+    assert runtime.session.get_session_options().intra_op_num_threads == 1  # 2 threads shared by 2 streams
+    threads: set[str] = set()
+    execute = runtime.execute
+
+    def recording(batch):
+        threads.add(threading.current_thread().name)
+        return execute(batch)
+
+    runtime.execute = recording  # type: ignore[method-assign]
+    requests = [random_rows(random.Random(seed).randint(1, 6), seed) for seed in range(60)]
+
+    async def scenario() -> list[list[dict]]:
+        core.start()
+        try:
+            await core.warm_up()
+            return await asyncio.gather(*(core.infer("roberta-ner", r, Ticket.with_timeout(30)) for r in requests))
+        finally:
+            await core.stop()
+
+    answers = asyncio.run(scenario())
+    assert threads == {"infer-roberta-ner_0", "infer-roberta-ner_1"}
+    for request, answer in zip(requests, answers, strict=True):
+        for want, got in zip(reference.run(request), answer, strict=True):
+            np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-5)
+
+
 def test_a_prepare_failure_fails_only_that_batch() -> None:
     def prepare(rows: list[str]) -> list[str]:
         if "bad" in rows:
