@@ -148,7 +148,7 @@ class ModelRuntime:
     @property
     def streams(self) -> int:
         """Batches run at once on this session: --cpu-streams on the CPU; one on CUDA (one device, one stream)."""
-        return self.settings.cpu_streams if self.provider == CPU else 1
+        return self.settings.cpu_stream_count if self.provider == CPU else 1
 
     @property
     def variant(self) -> str:

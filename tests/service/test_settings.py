@@ -27,6 +27,12 @@ def test_a_short_deadline_alone_shortens_the_default_queue_bound() -> None:
     assert Settings().max_queue_s == 2.0
 
 
+def test_cpu_streams_default_to_two_where_there_are_two_threads() -> None:
+    assert [Settings(threads=n).cpu_stream_count for n in (1, 2, 16)] == [1, 2, 2]
+    assert Settings(threads=2, cpu_streams=1).cpu_stream_count == 1
+    assert Settings(threads=8, cpu_streams=4).cpu_stream_count == 4
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
