@@ -77,7 +77,8 @@ def measure(url: str, cases: dict[str, tuple], seconds: float, with_metrics: boo
             row["rows_per_batch"] = round(load.sequences / max(batches, 1), 1)
             row["padding_ratio"] = round(padded / max(real, 1), 3)
             busy = delta(before, after, "bertserve_inference_duration_seconds_sum") or 0
-            row["inference_busy"] = round(busy / load.seconds, 3)  # share of wall time the session was running
+            # share of wall time a batch was running; with N CPU streams (--cpu-streams) up to N
+            row["inference_busy"] = round(busy / load.seconds, 3)
             row["real_tokens_per_s"] = round(real / load.seconds, 1)
         results[label] = row
         print(f"  {label}: {json.dumps(row)}", flush=True)

@@ -116,18 +116,17 @@ def served_throughput(
             assert info["variant"] == variant, info
             run_load(servers[variant].url, path, bodies, [size] * len(bodies), 4, 2.0)  # warm-up
         best: dict[str, dict] = {}
+        every: dict[str, list[float]] = {variant: [] for variant in servers}
         for _ in range(rounds):
             for variant, server in servers.items():
                 load = run_load(server.url, path, bodies, [size] * len(bodies), 4, seconds).summary()
-                every = best[variant]["rounds"] if variant in best else []
-                every.append(load["sequences_per_s"])
+                every[variant].append(load["sequences_per_s"])
                 if variant not in best or load["sequences_per_s"] > best[variant]["sequences_per_s"]:
                     best[variant] = {"inputs_per_request": size, **load}
-                best[variant]["rounds"] = every
     finally:
         for server in servers.values():
             server.stop()
-    return best
+    return {variant: {**figures, "rounds": every[variant]} for variant, figures in best.items()}
 
 
 def main() -> None:
