@@ -92,7 +92,8 @@ def test_static_int8_graph_has_fixed_scales_and_integer_operators(int8_entries, 
     op_types = {node.op_type for node in graph.node}
     assert "DynamicQuantizeLinear" not in op_types
     assert {"QuantizeLinear", "MatMulIntegerToFloat"} <= op_types and "MatMulInteger" not in op_types
-    assert int8["fused_operators"]["QAttention"] == config["encoder"]["layers"]
+    attention = "MultiHeadAttention" if task == "qa" else "QAttention"  # QA: flash attention (test_flash_attention)
+    assert int8["fused_operators"][attention] == config["encoder"]["layers"]
     assert int8["calibration"]["text"] == "built-in" and int8["calibration"]["fused_matmuls"] > 0
     assert int8["calibration"]["activations"] == sum(node.op_type == "QuantizeLinear" for node in graph.node)
     assert int8["size_bytes"] < config["variants"]["fp32"]["size_bytes"]
