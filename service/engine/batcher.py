@@ -352,7 +352,13 @@ class Batcher:
             if (
                 left is not None
                 and fits_left
-                and (right is None or not fits_right or oldest.length - left.length <= right.length - oldest.length)
+                and (
+                    right is None
+                    or not fits_right
+                    or oldest.length - left.length <= right.length - oldest.length
+                    # the nearer row on the right would widen the batch's padded shape: fill the one it has first
+                    or self._padded_cost(count, right.length) > self._padded_cost(count, by_length[high].length)
+                )
             ):
                 low -= 1
                 real += left.length

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from service.engine.batcher import Batcher, Ticket
+from service.engine.buckets import ShapeGrid
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 
 
@@ -412,3 +413,25 @@ def test_padding_ratio_keeps_unlike_lengths_apart() -> None:
     batches = run(scenario, max_batch_size=8, max_padding_ratio=1.1)
     assert sorted(rows_ for rows_, _, _ in batches) == [3, 4]
     assert all(padded <= 1.1 * real for _, padded, real in batches)
+
+
+def test_a_batch_fills_its_bucket_before_a_nearer_row_widens_it() -> None:
+    """On a grid of widths 8, 16, 24, 32: the oldest row is 23 tokens long; 24 is nearer than 20 and 19, and so is
+    25, but 25 would make the batch pay for 32-token rows. The shorter rows go first, in the 24-token bucket."""
+    grid = ShapeGrid(max_rows=4, max_width=32, max_tokens=1024, width_step=8)
+
+    async def scenario(batcher, runner, observer):
+        runner.gate.clear()  # hold the runner so that everything is queued before batches form
+        first = asyncio.create_task(batcher.submit(rows("hold", [4]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        await asyncio.gather(
+            batcher.submit(rows("s", [23, 25, 24, 20, 19, 18]), Ticket.with_timeout(5)),
+            asyncio.sleep(0.01, result=runner.gate.set()),
+        )
+        await first
+        return runner.batches[1:], observer.batches[1:]
+
+    batches, observed = run(scenario, max_batch_size=4, padded_cost=grid.padded_cost)
+    assert sorted(row.length for row in batches[0]) == [19, 20, 23, 24]
+    assert observed[0][1] == 4 * 24  # the bucket's padded tokens: no row of 25 pulled it up to 32
+    assert sorted(row.length for row in batches[1]) == [18, 25]
