@@ -199,6 +199,7 @@ def measure(source: Path, args: argparse.Namespace, lengths: list[int]) -> dict:
             "BERTSERVE_MODELS": json.dumps([args.model]),
             "BERTSERVE_DEVICE": "cpu",
             "BERTSERVE_SHAPE_BUCKETS": "on",
+            "BERTSERVE_CPU_STREAMS": "1",  # a GPU runs one batch at a time (checkouts before streams ignore it)
             "BERTSERVE_MAX_BATCH_SIZE": str(args.max_batch_size),
             "BERTSERVE_MAX_BATCH_TOKENS": str(args.max_batch_tokens),
             "BERTSERVE_MAX_QUEUE_ROWS": "1000000",
