@@ -73,7 +73,10 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(400, "bad_request", INVALID_JSON)
     if errors[0].get("type") == "missing" and tuple(errors[0].get("loc", ())) == ("body",):
         return error_response(422, "validation", EMPTY_BODY, "body")
-    # Unions report one error per alternative; the deepest path is the one that says what is wrong.
+    # Unions report one error per alternative. An alternative whose type the value is not (a list given where a
+    # string or an object may also go) says nothing about what is wrong where another alternative's type matched;
+    # of the rest, the deepest path is the one that says what is wrong.
+    errors = [error for error in errors if not _wrong_alternative(error)] or errors
     first = max(errors, key=lambda error: len(_field(error) or ""))
     field = _field(first)
     message = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request body"))
@@ -102,6 +105,14 @@ def _field(error: dict[str, Any]) -> str | None:
             loc.insert(after, 0)
     parts = [str(p) for p in loc if isinstance(p, int) or p in schemas.REQUEST_FIELDS]
     return ".".join(parts + unknown) or None
+
+
+def _wrong_alternative(error: dict[str, Any]) -> bool:
+    """A union alternative refused as a whole for its type (inputs given as a list: its str and TextPair ones)."""
+    loc = error.get("loc", ())
+    last = loc[-1] if loc else None
+    tag = isinstance(last, str) and last not in schemas.REQUEST_FIELDS
+    return tag and str(error.get("type", "")).endswith("_type")
 
 
 def _is_type_tag(part: Any) -> bool:

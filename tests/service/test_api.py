@@ -214,6 +214,30 @@ def test_bad_requests_get_the_right_status_and_one_error_shape(
         assert ok.status_code == 200
 
 
+UNION_ERRORS = [
+    # (body, field, in the message, not in the message): a union's alternatives whose type the value is not (a
+    # string, a pair object, where a list came) are not what is wrong with it
+    ({"inputs": []}, "inputs", "at least 1 item", "valid string"),
+    ({"inputs": [{"text": "a"}], "top_k": 0}, "inputs.0.text_pair", "(also: top_k)", "valid string"),
+    ({"inputs": ["a", {"text": "b", "text_pair": 3}]}, "inputs.1.text_pair", "valid string", "(also"),
+    # where no alternative's type fits, they all are
+    ({"inputs": True}, "inputs", "valid string", None),
+]
+
+
+@pytest.mark.parametrize(("body", "field", "said", "unsaid"), UNION_ERRORS)
+def test_a_validation_error_says_what_is_wrong_not_which_alternatives_the_value_is_not(
+    tiny_server, body, field, said, unsaid
+) -> None:
+    with tiny_server.client() as client:
+        response = client.post("/v1/models/bert-classification/classify", json=body)
+    assert response.status_code == 422
+    error = response.json()
+    assert error["field"] == field
+    assert said in error["error"]
+    assert unsaid is None or unsaid not in error["error"], error["error"]
+
+
 QA_CONTEXT = ("The committee will meet again in Geneva next week to review the budget and the new rules. " * 230)[
     :20_000
 ]
