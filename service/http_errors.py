@@ -6,7 +6,6 @@ by the HTTP protocol itself before any ASGI app runs (`error_body`: malformed HT
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -35,8 +34,8 @@ def error_response(status: int, error_type: str, message: str, field: str | None
 
 
 def error_body(exc: ServiceError) -> bytes:
-    """The JSON body of a domain error, as FastAPI's handlers would write it."""
-    return json.dumps(error_content(exc.error_type, exc.message, exc.field)).encode()
+    """The JSON body of a domain error, byte for byte as FastAPI's handlers write it."""
+    return bytes(error_response(exc.status_code, exc.error_type, exc.message, exc.field).body)
 
 
 async def send_error(send: Callable[[dict[str, Any]], Awaitable[None]], exc: ServiceError, close: bool = True) -> None:

@@ -141,7 +141,7 @@ def serve_probes(sock: socket.socket, state: StateFile, stall_s: float) -> Threa
             else:
                 status, body = 404, {"error": "this port serves /livez and /readyz", "error_type": "not_found"}
                 body["field"] = None
-            data = json.dumps(body).encode()
+            data = json.dumps(body, separators=(",", ":")).encode()  # compact, as the app writes it
             self.send_response(status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(data)))

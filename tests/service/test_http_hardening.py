@@ -69,6 +69,7 @@ def assert_error(response: bytes, status: int, error_type: str) -> dict[str, str
     assert int(headers["content-length"]) == len(body)
     error = json.loads(body)
     assert set(error) == {"error", "error_type", "field"} and error["error_type"] == error_type
+    assert body == json.dumps(error, separators=(",", ":")).encode()  # the very bytes the app writes for an error
     return headers
 
 
