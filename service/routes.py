@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -133,8 +134,21 @@ async def json_body(request: Request) -> Any:
         raise InvalidInput(EMPTY_BODY, field="body")
     try:
         return json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested past the parser's depth
-        raise BadRequest(INVALID_JSON) from None
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested past the parser's depth
+        raise BadRequest(f"{INVALID_JSON}: {_why_not_json(exc)}") from None
+
+
+def _why_not_json(exc: Exception) -> str:
+    """What the parser found wrong, and where, so that a client can find the fault in what it sent."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"byte {exc.start} is not UTF-8"
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
+    if "integer string conversion" in str(exc):
+        return f"a number has more digits than the parser takes ({sys.get_int_max_str_digits()})"
+    return "it cannot be parsed"
 
 
 async def _classify(inference: Inference, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:

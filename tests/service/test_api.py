@@ -238,6 +238,28 @@ def test_a_validation_error_says_what_is_wrong_not_which_alternatives_the_value_
     assert unsaid is None or unsaid not in error["error"], error["error"]
 
 
+NOT_JSON = [
+    # (body, in the message): each a 400 saying why and where, so a client can find the fault in what it sent
+    (b'{"inputs": ["unclosed"', "Expecting ',' delimiter at line 1, column 23"),
+    (b'{\n  "inputs": ["a",]\n}', "Expecting value at line 2, column 18"),
+    (b'{"inputs": ["\xff\xfe bad utf-8"]}', "byte 13 is not UTF-8"),
+    (b"[" * 100_000, "nested too deeply"),
+    (b'{"inputs": ["a"], "top_k": ' + b"9" * 5_000 + b"}", "a number has more digits than the parser takes"),
+]
+
+
+@pytest.mark.parametrize(("body", "said"), NOT_JSON)
+def test_a_body_that_is_not_json_says_why_and_where(tiny_server, body: bytes, said: str) -> None:
+    with tiny_server.client() as client:
+        response = client.post(
+            "/v1/models/bert-classification/classify", content=body, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 400
+    error = response.json()
+    assert error["error_type"] == "bad_request" and error["field"] is None
+    assert error["error"].startswith("the request body is not valid JSON (UTF-8): ") and said in error["error"]
+
+
 QA_CONTEXT = ("The committee will meet again in Geneva next week to review the budget and the new rules. " * 230)[
     :20_000
 ]
