@@ -35,7 +35,7 @@ from service.middleware import (
     JsonOnlyMiddleware,
     MetricsMiddleware,
 )
-from service.probes import ProbeProcess, Verdict, unavailable
+from service.probes import ProbeProcess, Verdict, alive_unless, unavailable
 from service.registry import ModelRegistry, ServedModel
 from service.repository import one_line
 from service.routes import INFERENCE_ROUTES, router
@@ -106,10 +106,16 @@ class ServerState:
             self.on_readiness_change(verdict)
         return verdict
 
+    def liveness(self) -> Verdict:
+        """/livez's verdict: the event loop answers it, so it runs; alive unless a batch is stuck on the device."""
+        return alive_unless(self.engine.stuck())
+
     def _verdict(self) -> Verdict:
         registry = self.registry
         if self.draining:
             return unavailable("the server is shutting down")
+        if stuck := self.engine.stuck():
+            return unavailable(f"not ready: {stuck}")
         if not self.engine.connected:
             return unavailable("not ready: the engine is starting or restarting")
         if not registry.ready:
@@ -183,7 +189,7 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
         probes = None
         if settings.probe_port:
             sock = shared_port_socket(settings.host, settings.probe_port)
-            probes = ProbeProcess(sock, server.readiness, settings.liveness_stall_s)
+            probes = ProbeProcess(sock, server.liveness, server.readiness, settings.liveness_stall_s)
             probes.start()
             server.on_readiness_change = probes.publish
         await server.engine.start(on_change=server.registry.sync)

@@ -36,6 +36,7 @@ class Engine(Protocol):
     @property
     def ready(self) -> bool: ...
     def states(self) -> dict[str, dict[str, Any]]: ...
+    def stuck(self) -> str | None: ...
     def load(self) -> None: ...
     async def start(self, on_change: Callable[[], None]) -> None: ...
     async def infer(self, model: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]: ...
@@ -61,6 +62,9 @@ class LocalEngine:
 
     def states(self) -> dict[str, dict[str, Any]]:
         return self.core.states()
+
+    def stuck(self) -> str | None:
+        return self.core.stuck()
 
     def load(self) -> None:
         """Open the sessions (once). StartupError where a model fails and --load-failure is fail."""
@@ -109,6 +113,10 @@ class RemoteEngine:
 
     def states(self) -> dict[str, dict[str, Any]]:
         return self._states
+
+    def stuck(self) -> str | None:
+        """Not judged here: the launcher watches the engine process's own verdict and restarts a stuck one."""
+        return None
 
     def load(self) -> None:
         """Nothing to load here: the engine process opens the sessions."""

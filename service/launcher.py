@@ -4,7 +4,9 @@
   Front-ends report ready (/readyz) only when the engine says its models are warmed up.
 - An engine that dies is restarted; the front-ends answer its in-flight requests 503 at once, report not ready
   meanwhile, and reconnect by themselves; new requests wait for it up to --max-queue-s. A front-end that dies is
-  restarted.
+  restarted. An engine that is stuck is killed, and so restarted: its event loop silent for --liveness-stall-s (a
+  state file it rewrites says when it last ran), or a batch on its device --liveness-stall-s past every request's
+  deadline.
 - SIGTERM/SIGINT: the front-ends drain first (stop admitting, finish in-flight requests), then the engine stops.
 - Metrics: every process writes to one PROMETHEUS_MULTIPROC_DIR; any front-end's /metrics is the merged view.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 from prometheus_client.multiprocess import mark_process_dead
 
 from service.metrics import MULTIPROCESS_DIR
+from service.probes import StateFile, liveness
 from service.settings import Settings
 
 log = logging.getLogger("service.launcher")
@@ -90,6 +93,7 @@ class Launcher:
         metrics_dir.mkdir()
         self.metrics_dir = metrics_dir
         self.socket_path = self.workdir / "engine.sock"
+        self.heartbeat = StateFile(self.workdir / "engine.state")
         # several front-ends share the cores: the tokenizers library's own thread pool in each would only fight
         self.env = {
             "TOKENIZERS_PARALLELISM": "false",
@@ -98,7 +102,8 @@ class Launcher:
             MULTIPROCESS_DIR: str(metrics_dir),
         }
         python = sys.executable
-        self.engine = Child("engine", [python, "-m", "service.engine", "--socket", str(self.socket_path)])
+        engine = ["-m", "service.engine", "--socket", str(self.socket_path), "--heartbeat", str(self.heartbeat.path)]
+        self.engine = Child("engine", [python, *engine])
         self.frontends = [
             Child(f"front-end {i}", [python, "-m", "service.frontend", "--engine-socket", str(self.socket_path)])
             for i in range(settings.frontend_count)
@@ -145,8 +150,7 @@ class Launcher:
 
     def _start_engine(self) -> int | None:
         """Start the engine and wait for its socket; its exit code where it cannot start (it said why)."""
-        self.socket_path.unlink(missing_ok=True)
-        self.engine.start(self.env)
+        self._restart_engine()
         deadline = time.monotonic() + ENGINE_START_S
         while not self.socket_path.exists():
             code = self.engine.exited()
@@ -164,6 +168,8 @@ class Launcher:
             time.sleep(POLL_S)
             for child in (self.engine, *self.frontends):
                 code = child.exited()
+                if code is None and child is self.engine and not self.stopping:
+                    self._kill_engine_if_stuck()
                 if code is None or self.stopping:
                     continue
                 quick = time.monotonic() - child.started < QUICK_EXIT_S
@@ -174,9 +180,28 @@ class Launcher:
                     log.error("%s keeps failing at start; stopping the server", child.name)
                     return 1
                 if child is self.engine:
-                    self.socket_path.unlink(missing_ok=True)
-                child.start(self.env)
+                    self._restart_engine()
+                else:
+                    child.start(self.env)
         return 0
+
+    def _restart_engine(self) -> None:
+        """Start the engine afresh: no socket or state file of an engine before it stands for it."""
+        self.socket_path.unlink(missing_ok=True)
+        self.heartbeat.path.unlink(missing_ok=True)
+        self.engine.start(self.env)
+
+    def _kill_engine_if_stuck(self) -> None:
+        """SIGKILL an engine whose state file says it is stuck (or is stale); _supervise then restarts it. No state
+        file yet: the engine is loading, which holds its event loop, and it writes one once that is over."""
+        state = self.heartbeat.read()
+        if state is None:
+            return
+        status, body = liveness(state, self.settings.liveness_stall_s)
+        if status != 200:
+            log.error("engine (pid %d) is stuck: %s; killing it", self.engine.pids[-1], body["error"])
+            self.heartbeat.path.unlink(missing_ok=True)  # judged once: the kill takes a moment to show
+            self.engine.signal(signal.SIGKILL)
 
     def _shutdown(self) -> None:
         for frontend in self.frontends:

@@ -4,8 +4,10 @@ On the main port a probe waits behind everything else the event loop has to do: 
 orchestrator kills a pod whose liveness probe times out. A thread in the server process was not enough either:
 it waits for the GIL (p99 116 ms at 3x overload on 2 cores, where a bare process answered in 9 ms). So a small
 child process answers, from a state file the server's event loop rewrites every HEARTBEAT_S: the time it last
-ran, and /readyz's verdict. Liveness is "the event loop ran within `--liveness-stall-s`", so a loop that is stuck
-(not merely busy) still fails the probe; readiness is the main port's verdict, at most HEARTBEAT_S old.
+ran, and the /livez and /readyz verdicts. Liveness is "the event loop ran within `--liveness-stall-s`, and no batch
+is stuck on the device" (`alive_unless`), so a loop that is stuck (not merely busy) still fails the probe;
+readiness is the main port's verdict, at most HEARTBEAT_S old. An engine process writes such a state file too,
+for the launcher (`liveness`), which restarts an engine that is stuck.
 
 The server opens the listening socket itself (a port in use fails its start, as the main port would) and hands
 it to the child, which exits when the server's end of its stdin closes: it never outlives the server.
@@ -39,16 +41,31 @@ def unavailable(message: str) -> Verdict:
     return 503, {"error": message, "error_type": "unavailable", "field": None}
 
 
+ALIVE: Verdict = (200, {"status": "alive"})
+
+
+def alive_unless(stuck: str | None) -> Verdict:
+    """/livez's verdict from a running event loop: alive, unless the device is stuck (`EngineCore.stuck`)."""
+    return ALIVE if stuck is None else unavailable(f"not alive: {stuck}")
+
+
 class StateFile:
-    """What the probe process knows of the server: {"beat": monotonic seconds, "ready": [status, body]}."""
+    """What a watcher knows of a process: {"beat": monotonic seconds, and its verdicts, e.g. "live", "ready"}."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def write(self, ready: Verdict) -> None:
+    def write(self, **verdicts: Verdict) -> None:
         partial = self.path.with_suffix(".partial")
-        partial.write_text(json.dumps({"beat": time.monotonic(), "ready": list(ready)}))
+        partial.write_text(json.dumps({"beat": time.monotonic(), **{k: list(v) for k, v in verdicts.items()}}))
         os.replace(partial, self.path)  # atomic: the reader sees the old state or the new one
+
+    def publish(self, **verdicts: Verdict) -> None:
+        """Write, where the disk lets it: a full disk must not stop the server; the reader will find it stale."""
+        try:
+            self.write(**verdicts)
+        except OSError as exc:
+            log.warning("could not write the state file %s: %s", self.path.name, exc)
 
     def read(self) -> dict[str, Any] | None:
         try:
@@ -57,24 +74,51 @@ class StateFile:
             return None
 
 
-def verdicts(state: dict[str, Any] | None, stall_s: float) -> tuple[Verdict, Verdict]:
-    """(/livez, /readyz) from the state the server last wrote."""
+async def keep_writing(state: StateFile, verdicts: Callable[[], dict[str, Verdict]]) -> None:
+    """Write the state every HEARTBEAT_S from this event loop: each write is a beat, the proof that it runs."""
+    while True:
+        state.publish(**verdicts())
+        await asyncio.sleep(HEARTBEAT_S)
+
+
+def _silence(state: dict[str, Any] | None, stall_s: float) -> Verdict | None:
+    """Dead where the writer has not written, or its event loop has not run for `stall_s`; None where it beats."""
     if state is None:
-        dead = unavailable("the server has not reported yet")
-        return dead, dead
+        return unavailable("the server has not reported yet")
     silent = time.monotonic() - float(state["beat"])
     if silent > stall_s:
-        stalled = unavailable(f"the event loop has not run for {silent:.1f} s (--liveness-stall-s {stall_s:g})")
-        return stalled, stalled
-    status, body = state["ready"]
-    return (200, {"status": "alive"}), (int(status), body)
+        return unavailable(f"the event loop has not run for {silent:.1f} s (--liveness-stall-s {stall_s:g})")
+    return None
+
+
+def _verdict(written: list[Any]) -> Verdict:
+    status, body = written
+    return int(status), body
+
+
+def liveness(state: dict[str, Any] | None, stall_s: float) -> Verdict:
+    """/livez from the state a process last wrote: its own verdict while its event loop beats."""
+    return verdicts(state, stall_s)[0]
+
+
+def verdicts(state: dict[str, Any] | None, stall_s: float) -> tuple[Verdict, Verdict]:
+    """(/livez, /readyz) from the state a process last wrote; a writer with no readiness is ready where alive."""
+    dead = _silence(state, stall_s)
+    if dead is not None:
+        return dead, dead
+    assert state is not None  # _silence says so of a missing state
+    live = _verdict(state["live"])
+    return live, _verdict(state["ready"]) if "ready" in state else live
 
 
 class ProbeProcess:
     """The server's side: writes the state file from the event loop, and runs the child that answers."""
 
-    def __init__(self, sock: socket.socket, readiness: Callable[[], Verdict], stall_s: float) -> None:
+    def __init__(
+        self, sock: socket.socket, liveness: Callable[[], Verdict], readiness: Callable[[], Verdict], stall_s: float
+    ) -> None:
         self._sock = sock
+        self._liveness = liveness
         self._readiness = readiness
         self._dir = Path(tempfile.mkdtemp(prefix="bertserve-probes-"))
         self.state = StateFile(self._dir / "state.json")
@@ -83,23 +127,16 @@ class ProbeProcess:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self.state.write(self._readiness())
+        self.state.write(live=self._liveness(), ready=self._readiness())
         self._child = probe_child(self._sock, self.state, self._stall_s)
-        self._task = asyncio.get_running_loop().create_task(self._beat(), name="probe-heartbeat")
+        beat = keep_writing(self.state, lambda: {"live": self._liveness(), "ready": self._readiness()})
+        self._task = asyncio.get_running_loop().create_task(beat, name="probe-heartbeat")
         host, port = self._sock.getsockname()[:2]
         log.info("probes on http://%s:%d (/livez, /readyz), answered by process %d", host, port, self._child.pid)
 
     def publish(self, ready: Verdict) -> None:
-        """Write the state now (the heartbeat, or a readiness verdict that just changed)."""
-        try:
-            self.state.write(ready)
-        except OSError as exc:  # a full disk must not stop the server; the probe will say it is stale
-            log.warning("could not write the probe state: %s", exc)
-
-    async def _beat(self) -> None:
-        while True:
-            self.publish(self._readiness())
-            await asyncio.sleep(HEARTBEAT_S)
+        """Write the state now: a readiness verdict that just changed."""
+        self.state.publish(live=self._liveness(), ready=ready)
 
     def stop(self) -> None:
         if self._task is not None:

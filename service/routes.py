@@ -43,12 +43,23 @@ def state(request: Request) -> ServerState:
     return request.app.state.server
 
 
-@router.get("/livez", tags=["probes"], summary="The process is up")
-async def livez() -> dict[str, str]:
-    return {"status": "alive"}
+PROBE_ERRORS: dict[int | str, dict[str, Any]] = {503: {"model": schemas.ErrorBody}}
 
 
-@router.get("/readyz", tags=["probes"], summary="Every model loaded and warmed up, and not draining")
+@router.get(
+    "/livez",
+    tags=["probes"],
+    summary="The process is up, and no batch is stuck on the device",
+    responses=PROBE_ERRORS,
+)
+async def livez(request: Request) -> JSONResponse:
+    status, body = state(request).liveness()
+    return JSONResponse(body, status_code=status)
+
+
+@router.get(
+    "/readyz", tags=["probes"], summary="Every model loaded and warmed up, and not draining", responses=PROBE_ERRORS
+)
 async def readyz(request: Request) -> JSONResponse:
     status, body = state(request).readiness()
     return JSONResponse(body, status_code=status)

@@ -36,7 +36,12 @@ class Settings(BaseSettings):
         "orchestrator probes); 0: none (the probes are on --port as always)",
     )
     liveness_stall_s: float = Field(
-        10.0, gt=0, le=3600, description="probe port: /livez fails once the event loop has not run for this long"
+        10.0,
+        gt=0,
+        le=3600,
+        description="probe port: /livez fails once the event loop has not run for this long; /livez fails, and "
+        "process mode restarts the engine, once it has not run for this long or a batch has run this long past "
+        "--request-timeout-s (a stuck device)",
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
         "auto", description="cuda: CUDA provider with the fp16 variant (CPU fallback if absent); auto: cuda if present"

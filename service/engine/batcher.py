@@ -24,6 +24,7 @@ import asyncio
 import logging
 import math
 import operator
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -167,6 +168,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._runs: list[asyncio.Task] = []  # batches handed to the device threads, oldest first: _device_queue at most
         self._taken: list[_Item] = []  # the batch taken from the queue and being prepared, not on the device yet
+        self._running_since: dict[int, float] = {}  # device thread -> when the batch it runs started
 
     async def run_on_worker(self, work: Callable[[], Any]) -> Any:
         """Run `work` on a thread that runs the batches (warm-up must happen there: CUDA caches are per thread; CUDA
@@ -386,11 +388,20 @@ class Batcher:
     def _on_device(self, prepared: Any) -> _DeviceRun:
         """On the device thread: run one batch, timed there (queueing behind the batch before is not its time)."""
         started = time.monotonic()
+        thread = threading.get_ident()
+        self._running_since[thread] = started
         try:
-            outputs = self._runner(prepared)
+            outputs, error = self._runner(prepared), None
         except Exception as exc:
-            return _DeviceRun((), exc, started, time.monotonic() - started)
-        return _DeviceRun(outputs, None, started, time.monotonic() - started)
+            outputs, error = (), exc
+        finally:
+            del self._running_since[thread]
+        return _DeviceRun(outputs, error, started, time.monotonic() - started)
+
+    def device_busy_s(self) -> float:
+        """How long the batch that has been on the device longest is running by now; 0 where none is."""
+        started = list(self._running_since.values())
+        return time.monotonic() - min(started) if started else 0.0
 
     async def _finish(self, batch: list[_Item], device_run: asyncio.Future) -> None:
         """Answer a batch's rows once the device thread has run it."""

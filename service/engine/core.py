@@ -145,5 +145,17 @@ class EngineCore:
     async def stop(self) -> None:
         await asyncio.gather(*(m.batcher.stop() for m in self.models.values() if m.batcher is not None))
 
+    def stuck(self) -> str | None:
+        """Why the device counts as stuck, if it does: a batch still running --liveness-stall-s past every request's
+        deadline (--request-timeout-s). Its requests were answered 504 long ago, and the device has not come back."""
+        bound = self.settings.request_timeout_s + self.settings.liveness_stall_s
+        for model in self.models.values():
+            if model.batcher is not None and (busy := model.batcher.device_busy_s()) > bound:
+                return (
+                    f"model {model.name}: a batch has been on the device for {busy:.0f} s, past --request-timeout-s "
+                    f"+ --liveness-stall-s ({bound:g} s)"
+                )
+        return None
+
     def states(self) -> dict[str, dict[str, Any]]:
         return {name: model.state() for name, model in self.models.items()}

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-from service import collector, protocol
+from service import collector, probes, protocol
 from service.engine.batcher import Ticket
 from service.engine.core import EngineCore
 from service.errors import InferenceFailed, ServiceError
@@ -127,36 +126,47 @@ def _timings(ticket: Ticket) -> dict[str, Any]:
     }
 
 
-async def serve(settings: Settings, path: Path) -> None:
+async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -> None:
+    """Load, listen on `path`, warm up, serve until SIGTERM; with `heartbeat`, keep writing there whether this
+    event loop runs and the device is stuck (for the launcher, which restarts a stuck engine)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     core = EngineCore(settings, Metrics())
     core.load()
     core.start()
     collector.settle()
+    background = []
+    if heartbeat is not None:  # from here on the loop runs: loading, which held it, is over
+
+        def verdicts() -> dict[str, probes.Verdict]:
+            return {"live": probes.alive_unless(core.stuck())}
+
+        beat = probes.keep_writing(probes.StateFile(heartbeat), verdicts)
+        background.append(asyncio.create_task(beat, name="heartbeat"))
     server = EngineServer(core, path)
     await server.start()
     log.info("engine: listening on %s", path)
-    warm_up = asyncio.create_task(core.warm_up(), name="warm-up")
+    background.append(asyncio.create_task(core.warm_up(), name="warm-up"))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     await stopping.wait()
     log.info("engine: stopping")
-    warm_up.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await warm_up
+    for task in background:
+        task.cancel()
+    await asyncio.gather(*background, return_exceptions=True)
     await server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.engine", description=__doc__)
     parser.add_argument("--socket", type=Path, required=True, help="unix socket to listen on")
+    parser.add_argument("--heartbeat", type=Path, help="a state file to keep writing (service.probes.StateFile)")
     args = parser.parse_args(argv)
     settings = Settings()
     settings.configure_logging()
     try:
-        _run(serve(settings, args.socket))
+        _run(serve(settings, args.socket, args.heartbeat))
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

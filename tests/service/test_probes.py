@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from benchmarks.serving import free_port
 from service import probes
 from service.app import create_app
 from service.http_server import shared_port_socket
-from service.probes import StateFile, probe_child
+from service.probes import ALIVE, StateFile, probe_child
 from service.settings import Settings
 from tests.service.conftest import wait_for
 
@@ -49,7 +50,7 @@ def test_the_probe_process_reports_a_stalled_event_loop_and_a_state_not_ready(tm
     port = sock.getsockname()[1]
     state = StateFile(tmp_path / "state.json")
     not_ready = (503, {"error": "not ready; loading: x", "error_type": "unavailable", "field": None})
-    state.write(not_ready)
+    state.write(live=ALIVE, ready=not_ready)
     child = probe_child(sock, state, stall_s=2.0)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -61,7 +62,7 @@ def test_the_probe_process_reports_a_stalled_event_loop_and_a_state_not_ready(tm
             except httpx.TransportError:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-        state.write(not_ready)  # a fresh beat: the loop is running
+        state.write(live=ALIVE, ready=not_ready)  # a fresh beat: the loop is running
         assert httpx.get(base + "/livez").status_code == 200
         assert httpx.get(base + "/readyz").json()["error"] == "not ready; loading: x"
         time.sleep(2.5)  # no new beat: as a loop that stopped running
@@ -70,3 +71,57 @@ def test_the_probe_process_reports_a_stalled_event_loop_and_a_state_not_ready(tm
     finally:
         child.stdin.close()  # type: ignore[union-attr]  # the server's end closes: the probe process exits
         assert child.wait(10) == 0
+
+
+class HangingSession:
+    """A real session whose runs, once `hang` is set, block until `release` is: a device that stopped answering."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.hang = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def run(self, *args, **kwargs):
+        if self.hang.is_set():
+            self.release.wait(30)
+        return self.real.run(*args, **kwargs)
+
+
+def test_a_batch_stuck_on_the_device_fails_liveness_on_both_ports(tiny_repository: Path) -> None:
+    """In-process: a batch still on the device --liveness-stall-s past its requests' deadline is a stuck device;
+    /livez says so (on the main port and the probe port) so that an orchestrator restarts the server, and /readyz
+    too; once the device answers again, both are 200 again."""
+    probe_port = free_port()
+    settings = Settings(
+        repository=tiny_repository,
+        models=["bert-classification"],
+        probe_port=probe_port,
+        request_timeout_s=0.5,
+        liveness_stall_s=0.5,
+    )
+    app = create_app(settings)
+    with TestClient(app) as client:
+        assert wait_for(lambda: client.get("/readyz").status_code == 200)
+        runtime = app.state.server.engine.core.models["bert-classification"].runtime
+        session = runtime.session = HangingSession(runtime.session)
+        session.hang.set()
+        late = client.post("/v1/models/bert-classification/classify", json={"inputs": ["stuck"]})
+        assert late.status_code == 504
+        assert client.get("/livez").status_code == 200  # 0.5 s past its start: not yet stuck
+        assert wait_for(lambda: client.get("/livez").status_code == 503, timeout=10)
+        live = client.get("/livez").json()
+        assert live["error_type"] == "unavailable"
+        assert "model bert-classification: a batch has been on the device for" in live["error"], live
+        assert "--request-timeout-s + --liveness-stall-s (1 s)" in live["error"], live
+        assert "a batch has been on the device" in client.get("/readyz").json()["error"]
+        assert wait_for(lambda: httpx.get(f"http://127.0.0.1:{probe_port}/livez").status_code == 503)
+        session.hang.clear()
+        session.release.set()
+        assert wait_for(lambda: client.get("/livez").status_code == 200)
+        assert wait_for(lambda: httpx.get(f"http://127.0.0.1:{probe_port}/livez").status_code == 200)
+        assert client.get("/readyz").status_code == 200
+        ok = client.post("/v1/models/bert-classification/classify", json={"inputs": ["fine"]})
+        assert ok.status_code == 200

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -143,6 +144,27 @@ def test_a_request_that_arrives_while_the_engine_restarts_waits_for_it(tiny_repo
     refused = httpx.post(short.url + "/v1/models/bert-classification/classify", json={"inputs": ["ok"]}, timeout=30)
     assert refused.status_code == 503 and refused.json()["error_type"] == "unavailable", refused.text
     assert refused.headers["retry-after"] == "1"
+
+
+def test_an_engine_that_hangs_is_killed_and_restarted(tiny_repository: Path, server_factory) -> None:
+    """An engine whose event loop stops (SIGSTOP: as a deadlock or a hung driver call) answers nothing and does not
+    exit: the launcher finds its state file stale past --liveness-stall-s, kills it, and the restart path follows
+    (the request in flight gets 503 at once, not a 504 at its deadline)."""
+    server = server_factory(tiny_repository, *PROCESS, "--liveness-stall-s", "1", "--request-timeout-s", "60")
+    hung = engine_pids(server.log())[-1]
+    os.kill(hung, signal.SIGSTOP)
+    started = time.monotonic()
+    response = httpx.post(server.url + "/v1/models/bert-classification/classify", json={"inputs": ["ok"]}, timeout=60)
+    seconds = time.monotonic() - started
+    assert response.status_code == 503 and response.json()["error_type"] == "unavailable", response.text
+    assert seconds < 15, seconds  # the stall bound and a poll, not the 60 s deadline
+    assert f"engine (pid {hung}) is stuck: the event loop has not run for" in server.log()
+    assert wait_for(lambda: f"engine (pid {hung}) exited with -9; restarting it" in server.log()), server.log()
+    assert len(engine_pids(server.log())) == 2
+    assert wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 200), server.log()
+    answers = ask_everything(server.url)
+    assert all("results" in answer for answer in answers), (answers, server.log())
+    assert server.log().count("is stuck") == 1  # the new engine, loading and then serving, is not
 
 
 def test_sigterm_drains_the_front_ends_then_stops_the_engine(tiny_repository: Path, server_factory) -> None:

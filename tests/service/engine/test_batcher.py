@@ -149,6 +149,21 @@ def test_the_next_batch_starts_on_the_device_thread_while_the_event_loop_is_busy
     assert run(scenario) == ["a0", "b0"]  # the device thread went from one batch to the next on its own
 
 
+def test_the_device_reports_how_long_its_batch_has_run() -> None:
+    async def scenario(batcher, runner, _):
+        assert batcher.device_busy_s() == 0.0
+        runner.gate.clear()  # the batch blocks on the device thread
+        request = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.3)
+        busy = batcher.device_busy_s()
+        runner.gate.set()
+        await request
+        return busy, batcher.device_busy_s()
+
+    busy, after = run(scenario)
+    assert 0.2 < busy < 1.0 and after == 0.0
+
+
 @pytest.mark.parametrize("streams", [1, 2])
 def test_streams_run_that_many_batches_at_once(streams: int) -> None:
     together = threading.Barrier(2)  # opens only when two batches are on the device threads at the same time
