@@ -73,6 +73,21 @@ def test_the_probe_process_reports_a_stalled_event_loop_and_a_state_not_ready(tm
         assert child.wait(10) == 0
 
 
+def test_an_engine_state_file_says_alive_stuck_or_stale(tmp_path: Path) -> None:
+    """What the launcher reads of an engine process (a "live" verdict, no readiness): each way it can be judged."""
+    state = StateFile(tmp_path / "engine.state")
+    assert probes.liveness(state.read(), stall_s=1.0)[0] == 503  # nothing written yet (the launcher waits for it)
+    state.write(live=probes.alive_unless(None))
+    assert probes.liveness(state.read(), stall_s=1.0) == ALIVE
+    state.write(live=probes.alive_unless("model m: a batch has been on the device for 41 s"))
+    status, body = probes.liveness(state.read(), stall_s=1.0)
+    assert status == 503 and body["error"] == "not alive: model m: a batch has been on the device for 41 s"
+    state.write(live=ALIVE)
+    time.sleep(1.2)
+    status, body = probes.liveness(state.read(), stall_s=1.0)
+    assert status == 503 and body["error"].startswith("the event loop has not run for 1.")
+
+
 class HangingSession:
     """A real session whose runs, once `hang` is set, block until `release` is: a device that stopped answering."""
 
