@@ -35,7 +35,7 @@ from service.middleware import (
     JsonOnlyMiddleware,
     MetricsMiddleware,
 )
-from service.probes import ProbeProcess, Verdict, alive_unless, unavailable
+from service.probes import ProbeProcess, StateFile, Verdict, alive_unless, keep_writing, unavailable
 from service.registry import ModelRegistry, ServedModel
 from service.repository import one_line
 from service.routes import INFERENCE_ROUTES, router
@@ -174,8 +174,11 @@ class BertServeApp(FastAPI):
         return self.openapi_schema
 
 
-def create_app(settings: Settings | None = None, engine_socket: Path | None = None) -> FastAPI:
-    """The whole server; with `engine_socket`, a front-end of an engine process listening there.
+def create_app(
+    settings: Settings | None = None, engine_socket: Path | None = None, heartbeat: Path | None = None
+) -> FastAPI:
+    """The whole server; with `engine_socket`, a front-end of an engine process listening there; with `heartbeat`,
+    a state file kept written while it serves (for the launcher, which restarts a front-end that is stuck).
 
     Layers, outermost first: request id and access log; FastAPI's 500 handler; CORS (only with
     --cors-allow-origins); API keys (only with keys set); the body limit; metrics; the routes."""
@@ -194,12 +197,16 @@ def create_app(settings: Settings | None = None, engine_socket: Path | None = No
             server.on_readiness_change = probes.publish
         await server.engine.start(on_change=server.registry.sync)
         collector.settle()
-        self_tests = asyncio.create_task(server.self_test_models(), name="self-tests")
+        background = [asyncio.create_task(server.self_test_models(), name="self-tests")]
+        if heartbeat is not None:
+            beat = keep_writing(StateFile(heartbeat), lambda: {"live": server.liveness()})
+            background.append(asyncio.create_task(beat, name="heartbeat"))
         try:
             yield
         finally:
             server.draining = True
-            self_tests.cancel()
+            for task in background:
+                task.cancel()
             if probes is not None:
                 probes.stop()
             await server.engine.stop()

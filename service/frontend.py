@@ -19,11 +19,13 @@ from service.settings import Settings
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.frontend", description=__doc__)
     parser.add_argument("--engine-socket", type=Path, required=True, help="the engine process's unix socket")
+    parser.add_argument("--heartbeat", type=Path, help="a state file to keep writing (service.probes.StateFile)")
     args = parser.parse_args(argv)
     settings = Settings()
     settings.configure_logging()
     sock = shared_port_socket(settings.host, settings.port)
-    started = serve(create_app(settings, engine_socket=args.engine_socket), settings, sockets=[sock])
+    app = create_app(settings, engine_socket=args.engine_socket, heartbeat=args.heartbeat)
+    started = serve(app, settings, sockets=[sock])
     return 0 if started else 3
 
 

@@ -4,9 +4,10 @@
   Front-ends report ready (/readyz) only when the engine says its models are warmed up.
 - An engine that dies is restarted; the front-ends answer its in-flight requests 503 at once, report not ready
   meanwhile, and reconnect by themselves; new requests wait for it up to --max-queue-s. A front-end that dies is
-  restarted. An engine that is stuck is killed, and so restarted: its event loop silent for --liveness-stall-s (a
-  state file it rewrites says when it last ran), or a batch on its device --liveness-stall-s past every request's
-  deadline.
+  restarted. A process that is stuck is killed, and so restarted: its event loop silent for --liveness-stall-s (a
+  state file it rewrites says when it last ran), or, in the engine, a batch on the device --liveness-stall-s past
+  every request's deadline. (A hung front-end still holds its share of the port's new connections: the kernel
+  keeps handing them to its listening socket.)
 - SIGTERM/SIGINT: the front-ends drain first (stop admitting, finish in-flight requests), then the engine stops.
 - Metrics: every process writes to one PROMETHEUS_MULTIPROC_DIR; any front-end's /metrics is the merged view.
 """
@@ -56,20 +57,31 @@ def resolve_engine_mode(settings: Settings) -> str:
 @dataclass
 class Child:
     name: str
-    command: list[str]
+    command: list[str]  # run with --heartbeat PATH added: the state file it keeps writing once it serves
+    heartbeat: StateFile
     process: subprocess.Popen | None = None
     started: float = 0.0
     quick_exits: int = 0
     pids: list[int] = field(default_factory=list)
 
     def start(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(self.command, env=env)
+        self.heartbeat.path.unlink(missing_ok=True)  # an earlier process's state does not stand for this one
+        self.process = subprocess.Popen([*self.command, "--heartbeat", str(self.heartbeat.path)], env=env)
         self.started = time.monotonic()
         self.pids.append(self.process.pid)
         log.info("%s started (pid %d)", self.name, self.process.pid)
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
+
+    def stuck(self, stall_s: float) -> str | None:
+        """Why it counts as stuck, from its state file: its event loop silent past `stall_s`, or its own verdict
+        (a device stuck). None before the file exists: loading holds the event loop, and the file comes after."""
+        state = self.heartbeat.read()
+        if state is None:
+            return None
+        status, body = liveness(state, stall_s)
+        return None if status == 200 else str(body["error"])
 
     def signal(self, sig: int) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -93,7 +105,6 @@ class Launcher:
         metrics_dir.mkdir()
         self.metrics_dir = metrics_dir
         self.socket_path = self.workdir / "engine.sock"
-        self.heartbeat = StateFile(self.workdir / "engine.state")
         # several front-ends share the cores: the tokenizers library's own thread pool in each would only fight
         self.env = {
             "TOKENIZERS_PARALLELISM": "false",
@@ -102,10 +113,17 @@ class Launcher:
             MULTIPROCESS_DIR: str(metrics_dir),
         }
         python = sys.executable
-        engine = ["-m", "service.engine", "--socket", str(self.socket_path), "--heartbeat", str(self.heartbeat.path)]
-        self.engine = Child("engine", [python, *engine])
+        self.engine = Child(
+            "engine",
+            [python, "-m", "service.engine", "--socket", str(self.socket_path)],
+            StateFile(self.workdir / "engine.state"),
+        )
         self.frontends = [
-            Child(f"front-end {i}", [python, "-m", "service.frontend", "--engine-socket", str(self.socket_path)])
+            Child(
+                f"front-end {i}",
+                [python, "-m", "service.frontend", "--engine-socket", str(self.socket_path)],
+                StateFile(self.workdir / f"front-end-{i}.state"),
+            )
             for i in range(settings.frontend_count)
         ]
         self.stopping = False
@@ -168,8 +186,10 @@ class Launcher:
             time.sleep(POLL_S)
             for child in (self.engine, *self.frontends):
                 code = child.exited()
-                if code is None and child is self.engine and not self.stopping:
-                    self._kill_engine_if_stuck()
+                if code is None and not self.stopping and (why := child.stuck(self.settings.liveness_stall_s)):
+                    log.error("%s (pid %d) is stuck: %s; killing it", child.name, child.pids[-1], why)
+                    child.heartbeat.path.unlink(missing_ok=True)  # judged once: the kill takes a moment to show
+                    child.signal(signal.SIGKILL)  # and the next round restarts it, as one that died
                 if code is None or self.stopping:
                     continue
                 quick = time.monotonic() - child.started < QUICK_EXIT_S
@@ -186,22 +206,9 @@ class Launcher:
         return 0
 
     def _restart_engine(self) -> None:
-        """Start the engine afresh: no socket or state file of an engine before it stands for it."""
+        """Start the engine afresh: no socket of an engine before it stands for it."""
         self.socket_path.unlink(missing_ok=True)
-        self.heartbeat.path.unlink(missing_ok=True)
         self.engine.start(self.env)
-
-    def _kill_engine_if_stuck(self) -> None:
-        """SIGKILL an engine whose state file says it is stuck (or is stale); _supervise then restarts it. No state
-        file yet: the engine is loading, which holds its event loop, and it writes one once that is over."""
-        state = self.heartbeat.read()
-        if state is None:
-            return
-        status, body = liveness(state, self.settings.liveness_stall_s)
-        if status != 200:
-            log.error("engine (pid %d) is stuck: %s; killing it", self.engine.pids[-1], body["error"])
-            self.heartbeat.path.unlink(missing_ok=True)  # judged once: the kill takes a moment to show
-            self.engine.signal(signal.SIGKILL)
 
     def _shutdown(self) -> None:
         for frontend in self.frontends:

@@ -167,6 +167,24 @@ def test_an_engine_that_hangs_is_killed_and_restarted(tiny_repository: Path, ser
     assert server.log().count("is stuck") == 1  # the new engine, loading and then serving, is not
 
 
+def test_a_front_end_that_hangs_is_killed_and_restarted(tiny_repository: Path, server_factory) -> None:
+    """A hung front-end still owns its share of the port: the kernel hands it new connections that nobody answers.
+    The launcher kills it once its state file is stale, the restart takes its place, and every request is served."""
+    server = server_factory(tiny_repository, *PROCESS, "--liveness-stall-s", "1")
+    hung = int(re.findall(r"front-end 0 started \(pid (\d+)\)", server.log())[-1])
+    os.kill(hung, signal.SIGSTOP)
+    assert wait_for(lambda: f"front-end 0 (pid {hung}) exited with -9; restarting it" in server.log(), timeout=15)
+    assert f"front-end 0 (pid {hung}) is stuck: the event loop has not run for" in server.log()
+    assert wait_for(lambda: len(re.findall(r"front-end 0 started", server.log())) == 2)
+
+    def ask(_: int) -> int:
+        with httpx.Client(base_url=server.url, timeout=20) as client:  # a connection each: both sockets get some
+            return client.post("/v1/models/bert-classification/classify", json={"inputs": ["ok"]}).status_code
+
+    with ThreadPoolExecutor(8) as pool:  # at once: a new front-end's connections wait for its start, not refused
+        assert list(pool.map(ask, range(32))) == [200] * 32
+
+
 def test_sigterm_drains_the_front_ends_then_stops_the_engine(tiny_repository: Path, server_factory) -> None:
     server = server_factory(tiny_repository, *PROCESS, "--max-batch-size", "2", "--max-queue-s", "25")
     results = sigterm_during_burst(server, "albert-qa")
