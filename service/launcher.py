@@ -168,7 +168,8 @@ class Launcher:
 
     def _start_engine(self) -> int | None:
         """Start the engine and wait for its socket; its exit code where it cannot start (it said why)."""
-        self._restart_engine()
+        self.socket_path.unlink(missing_ok=True)
+        self.engine.start(self.env)
         deadline = time.monotonic() + ENGINE_START_S
         while not self.socket_path.exists():
             code = self.engine.exited()
@@ -200,15 +201,9 @@ class Launcher:
                     log.error("%s keeps failing at start; stopping the server", child.name)
                     return 1
                 if child is self.engine:
-                    self._restart_engine()
-                else:
-                    child.start(self.env)
+                    self.socket_path.unlink(missing_ok=True)
+                child.start(self.env)
         return 0
-
-    def _restart_engine(self) -> None:
-        """Start the engine afresh: no socket of an engine before it stands for it."""
-        self.socket_path.unlink(missing_ok=True)
-        self.engine.start(self.env)
 
     def _shutdown(self) -> None:
         for frontend in self.frontends:
