@@ -199,7 +199,9 @@ def create_app(
         collector.settle()
         background = [asyncio.create_task(server.self_test_models(), name="self-tests")]
         if heartbeat is not None:
-            beat = keep_writing(StateFile(heartbeat), lambda: {"live": server.liveness()})
+            state = StateFile(heartbeat)
+            state.publish(live=server.liveness())  # now: from here on the launcher judges this process
+            beat = keep_writing(state, lambda: {"live": server.liveness()})
             background.append(asyncio.create_task(beat, name="heartbeat"))
         try:
             yield

@@ -6,8 +6,9 @@
   meanwhile, and reconnect by themselves; new requests wait for it up to --max-queue-s. A front-end that dies is
   restarted. A process that is stuck is killed, and so restarted: its event loop silent for --liveness-stall-s (a
   state file it rewrites says when it last ran), or, in the engine, a batch on the device --liveness-stall-s past
-  every request's deadline. (A hung front-end still holds its share of the port's new connections: the kernel
-  keeps handing them to its listening socket.)
+  every request's deadline; or a start that has not come to writing that file in ENGINE_START_S / FRONTEND_START_S.
+  (A hung front-end still holds its share of the port's new connections: the kernel keeps handing them to its
+  listening socket.)
 - SIGTERM/SIGINT: the front-ends drain first (stop admitting, finish in-flight requests), then the engine stops.
 - Metrics: every process writes to one PROMETHEUS_MULTIPROC_DIR; any front-end's /metrics is the merged view.
 """
@@ -35,6 +36,7 @@ from service.settings import Settings
 log = logging.getLogger("service.launcher")
 POLL_S = 0.1
 ENGINE_START_S = 600.0  # loading every model, before the socket appears (warm-up happens after)
+FRONTEND_START_S = 120.0  # imports and the app's start-up, before it writes its state file (seconds, normally)
 QUICK_EXIT_S = 10.0  # a process that exits sooner than this after its start is failing to start
 MAX_QUICK_EXITS = 3
 
@@ -59,6 +61,7 @@ class Child:
     name: str
     command: list[str]  # run with --heartbeat PATH added: the state file it keeps writing once it serves
     heartbeat: StateFile
+    start_s: float  # the longest a start may take before the state file appears
     process: subprocess.Popen | None = None
     started: float = 0.0
     quick_exits: int = 0
@@ -76,10 +79,12 @@ class Child:
 
     def stuck(self, stall_s: float) -> str | None:
         """Why it counts as stuck, from its state file: its event loop silent past `stall_s`, or its own verdict
-        (a device stuck). None before the file exists: loading holds the event loop, and the file comes after."""
+        (a device stuck). Before the file exists (loading holds the event loop; the file comes after), only a start
+        longer than `start_s`."""
         state = self.heartbeat.read()
         if state is None:
-            return None
+            starting = time.monotonic() - self.started
+            return f"it has not begun to serve {starting:.0f} s after its start" if starting > self.start_s else None
         status, body = liveness(state, stall_s)
         return None if status == 200 else str(body["error"])
 
@@ -117,12 +122,14 @@ class Launcher:
             "engine",
             [python, "-m", "service.engine", "--socket", str(self.socket_path)],
             StateFile(self.workdir / "engine.state"),
+            ENGINE_START_S,
         )
         self.frontends = [
             Child(
                 f"front-end {i}",
                 [python, "-m", "service.frontend", "--engine-socket", str(self.socket_path)],
                 StateFile(self.workdir / f"front-end-{i}.state"),
+                FRONTEND_START_S,
             )
             for i in range(settings.frontend_count)
         ]

@@ -149,14 +149,17 @@ def test_a_request_that_arrives_while_the_engine_restarts_waits_for_it(tiny_repo
 def test_an_engine_that_hangs_is_killed_and_restarted(tiny_repository: Path, server_factory) -> None:
     """An engine whose event loop stops (SIGSTOP: as a deadlock or a hung driver call) answers nothing and does not
     exit: the launcher finds its state file stale past --liveness-stall-s, kills it, and the restart path follows
-    (the request in flight gets 503 at once, not a 504 at its deadline)."""
+    (the request gets 503 at once where it was in flight with the engine, else the new engine's answer; either way
+    not a 504 at its deadline)."""
     server = server_factory(tiny_repository, *PROCESS, "--liveness-stall-s", "1", "--request-timeout-s", "60")
     hung = engine_pids(server.log())[-1]
     os.kill(hung, signal.SIGSTOP)
     started = time.monotonic()
     response = httpx.post(server.url + "/v1/models/bert-classification/classify", json={"inputs": ["ok"]}, timeout=60)
     seconds = time.monotonic() - started
-    assert response.status_code == 503 and response.json()["error_type"] == "unavailable", response.text
+    # 200 where it reached a front-end still self-testing (ready is one front-end's word): it waited for the new engine
+    assert response.status_code in (200, 503), response.text
+    assert response.status_code == 200 or response.json()["error_type"] == "unavailable", response.text
     assert seconds < 15, seconds  # the stall bound and a poll, not the 60 s deadline
     assert f"engine (pid {hung}) is stuck: the event loop has not run for" in server.log()
     assert wait_for(lambda: f"engine (pid {hung}) exited with -9; restarting it" in server.log()), server.log()
@@ -172,6 +175,9 @@ def test_a_front_end_that_hangs_is_killed_and_restarted(tiny_repository: Path, s
     The launcher kills it once its state file is stale, the restart takes its place, and every request is served."""
     server = server_factory(tiny_repository, *PROCESS, "--liveness-stall-s", "1")
     hung = int(re.findall(r"front-end 0 started \(pid (\d+)\)", server.log())[-1])
+    # ready is one front-end's word: this one may still be starting (and a process is judged once it has begun to
+    # write its state file, as the app starts)
+    assert wait_for(lambda: server.log().count("Application startup complete") == 2), server.log()
     os.kill(hung, signal.SIGSTOP)
     assert wait_for(lambda: f"front-end 0 (pid {hung}) exited with -9; restarting it" in server.log(), timeout=15)
     assert f"front-end 0 (pid {hung}) is stuck: the event loop has not run for" in server.log()
