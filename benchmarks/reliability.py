@@ -3,6 +3,7 @@
     python -m benchmarks.reliability overload [--factor 3] [--seconds 30] [-- SERVER FLAGS...]
     python -m benchmarks.reliability soak [--minutes 30] [--fraction 0.5]
     python -m benchmarks.reliability faults
+    python -m benchmarks.reliability hang [--fraction 0.5] [--seconds 30]
     python -m benchmarks.reliability all
 
 The model is the real MiniLM SST-2 checkpoint in ../shared/models, exported (fp32) into a work folder once.
@@ -16,6 +17,11 @@ The model is the real MiniLM SST-2 checkpoint in ../shared/models, exported (fp3
   10 s; growth measured from the end of a warm-up minute. Wanted: no errors, RSS growth under 5%.
 - faults: for each broken repository entry (corrupt ONNX, non-JSON model.json, missing tokenizer, missing
   variant file) beside a good model, start with --load-failure skip and fail and report what happened.
+- hang: process mode (one front-end); an open loop at `fraction` x capacity for `seconds`, and a quarter of the way
+  in the engine process is stopped (SIGSTOP: as a deadlock or a driver call that never returns). Reported: the
+  answers due before the stop, while the engine was stuck, and after the first 200 that followed, by status; when
+  the launcher said it was stuck; the longest wait. Wanted: nothing waits for its deadline (no NO_ANSWER, no 504),
+  answers while stuck are 503, and every answer after the first 200 is 200.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +42,8 @@ import httpx
 
 from benchmarks import realdata
 from benchmarks.loadclient import run_load
-from benchmarks.openloop import open_loop, post_request
+from benchmarks.openloop import OpenLoopResult, open_loop, post_request
+from benchmarks.process_cpu import process_tree, role_of
 from benchmarks.reports import write_report
 from benchmarks.serving import ROOT, ServiceProcess, free_port, start_service
 
@@ -113,6 +121,64 @@ def overload(workdir: Path, factor: float, seconds: float, server_args: list[str
     finally:
         server.stop()
     return summary
+
+
+def hang(workdir: Path, fraction: float, seconds: float, server_args: list[str]) -> dict:
+    repository = exported_repository(workdir)
+    texts = sentences()
+    log_path = workdir / "hang-server.log"
+    process_mode = ["--engine-mode", "process", "--frontends", "1"]
+    server = start_service(repository, *process_mode, *server_args, log_path=log_path)
+    try:
+        rate = capacity(server, texts) * fraction
+        engine = next(pid for pid in process_tree(server.process.pid) if role_of(pid) == "engine")
+        stop_after_s = seconds / 4
+        print(f"open loop at {rate:.0f}/s for {seconds:g} s; engine (pid {engine}) stopped after {stop_after_s:g} s")
+        host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
+        requests = [post_request(host, PATH, json.dumps({"inputs": [t]}).encode()) for t in texts]
+        stopped: dict[str, float] = {}
+
+        def stop_engine() -> None:
+            stopped["perf"], stopped["wall"] = time.perf_counter(), time.time()
+            os.kill(engine, signal.SIGSTOP)
+
+        async def load() -> OpenLoopResult:
+            asyncio.get_running_loop().call_later(stop_after_s, stop_engine)
+            return await open_loop(host, port, requests, rate, seconds)
+
+        result = asyncio.run(load())
+        summary = {"offered_per_s": round(rate, 1), "seconds": seconds, "server_args": server_args}
+        summary.update(_hang_outcome(result, stopped, server.log()))
+        summary["server_alive"] = server.process.poll() is None
+    finally:
+        server.stop()
+    return summary
+
+
+def _hang_outcome(result: OpenLoopResult, stopped: dict[str, float], log: str) -> dict:
+    """The answers by when they were due: before the stop, while stuck (up to the first 200 due after it), after."""
+    answers = sorted(result.answers, key=lambda a: a.due)
+    stop = stopped["perf"]
+    recovered = next((a.due for a in answers if a.due > stop and a.status == 200), None)
+
+    def window(low: float, high: float | None) -> dict[str, int]:
+        picked = [a.status for a in answers if low <= a.due and (high is None or a.due < high)]
+        return {str(status): picked.count(status) for status in sorted(set(picked))}
+
+    stuck_lines = [line for line in log.splitlines() if "is stuck" in line]
+    said = None
+    if stuck_lines:  # "2026-11-25 07:21:36,817 ERROR ...": seconds after the stop by the wall clock
+        stamp = stuck_lines[0][:23]
+        said = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000 - stopped["wall"]
+    return {
+        "before_stop": window(0.0, stop),
+        "while_stuck": window(stop, recovered),
+        "after_recovery": window(recovered, None) if recovered is not None else {},
+        "first_200_after_stop_s": round(recovered - stop, 2) if recovered is not None else None,
+        "launcher_said_stuck_after_s": round(said, 2) if said is not None else None,
+        "launcher_line": stuck_lines[0].split("]: ", 1)[-1] if stuck_lines else None,
+        "longest_wait_s": round(max(a.seconds for a in answers), 2),
+    }
 
 
 def soak(workdir: Path, minutes: float, fraction: float, server_args: list[str]) -> dict:
@@ -209,11 +275,11 @@ def _fault_outcome(server: ServiceProcess) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("phase", choices=["overload", "soak", "faults", "all"])
+    parser.add_argument("phase", choices=["overload", "soak", "faults", "hang", "all"])
     parser.add_argument("--factor", type=float, default=3.0, help="overload: offered load / capacity")
-    parser.add_argument("--seconds", type=float, default=30.0, help="overload: length of the open loop")
+    parser.add_argument("--seconds", type=float, default=30.0, help="overload, hang: length of the open loop")
     parser.add_argument("--minutes", type=float, default=30.0, help="soak: length")
-    parser.add_argument("--fraction", type=float, default=0.5, help="soak: offered load / capacity")
+    parser.add_argument("--fraction", type=float, default=0.5, help="soak, hang: offered load / capacity")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bertserve-reliability")
     parser.add_argument("server_args", nargs="*", help="flags for python -m service (after --)")
     args = parser.parse_args()
@@ -224,6 +290,9 @@ def main() -> int:
         print(json.dumps(report["overload"], indent=2))
     if args.phase in ("faults", "all"):
         report["faults"] = faults(args.workdir)
+    if args.phase in ("hang", "all"):
+        report["hang"] = hang(args.workdir, args.fraction, args.seconds, args.server_args)
+        print(json.dumps(report["hang"], indent=2))
     if args.phase in ("soak", "all"):
         report["soak"] = soak(args.workdir, args.minutes, args.fraction, args.server_args)
         print(json.dumps(report["soak"], indent=2))

@@ -1,0 +1,29 @@
+"""The hang phase's reading of an open loop: answers by when they were due, and when the launcher spoke."""
+
+from __future__ import annotations
+
+import time
+
+from benchmarks.openloop import Answer, OpenLoopResult
+from benchmarks.reliability import _hang_outcome
+
+
+def test_answers_are_counted_before_the_stop_while_stuck_and_after_the_first_200() -> None:
+    result = OpenLoopResult(rate=10, seconds=3)
+    due_status = [(0.1, 200), (0.9, 503), (1.1, 429), (1.5, 503), (2.0, 200), (2.1, 429), (2.5, 200)]
+    result.answers = [Answer(due=due, seconds=0.5, status=status) for due, status in due_status]
+    result.answers[3].seconds = 1.2
+    wall = time.mktime(time.strptime("2026-11-25 07:21:34", "%Y-%m-%d %H:%M:%S")) + 0.5
+    log = (
+        "2026-11-25 07:21:34,100 INFO service.launcher [-]: engine started (pid 7)\n"
+        "2026-11-25 07:21:35,317 ERROR service.launcher [-]: engine (pid 7) is stuck: the event loop has not run "
+        "for 1.0 s (--liveness-stall-s 1); killing it\n"
+    )
+    outcome = _hang_outcome(result, {"perf": 1.0, "wall": wall}, log)
+    assert outcome["before_stop"] == {"200": 1, "503": 1}
+    assert outcome["while_stuck"] == {"429": 1, "503": 1}
+    assert outcome["after_recovery"] == {"200": 2, "429": 1}
+    assert outcome["first_200_after_stop_s"] == 1.0
+    assert outcome["launcher_said_stuck_after_s"] == 0.82
+    assert outcome["launcher_line"].startswith("engine (pid 7) is stuck: the event loop has not run for 1.0 s")
+    assert outcome["longest_wait_s"] == 1.2
