@@ -198,11 +198,8 @@ def create_app(
         await server.engine.start(on_change=server.registry.sync)
         collector.settle()
         background = [asyncio.create_task(server.self_test_models(), name="self-tests")]
-        if heartbeat is not None:
-            state = StateFile(heartbeat)
-            state.publish(live=server.liveness())  # now: from here on the launcher judges this process
-            beat = keep_writing(state, lambda: {"live": server.liveness()})
-            background.append(asyncio.create_task(beat, name="heartbeat"))
+        if heartbeat is not None:  # written from now on: from here on the launcher judges this process
+            background.append(keep_writing(StateFile(heartbeat), lambda: {"live": server.liveness()}, name="heartbeat"))
         try:
             yield
         finally:

@@ -6,8 +6,8 @@ it waits for the GIL (p99 116 ms at 3x overload on 2 cores, where a bare process
 child process answers, from a state file the server's event loop rewrites every HEARTBEAT_S: the time it last
 ran, and the /livez and /readyz verdicts. Liveness is "the event loop ran within `--liveness-stall-s`, and no batch
 is stuck on the device" (`alive_unless`), so a loop that is stuck (not merely busy) still fails the probe;
-readiness is the main port's verdict, at most HEARTBEAT_S old. An engine process writes such a state file too,
-for the launcher (`liveness`), which restarts an engine that is stuck.
+readiness is the main port's verdict, at most HEARTBEAT_S old. In process mode every process (the engine, each
+front-end) writes such a state file too, for the launcher (`liveness`), which restarts one that is stuck.
 
 The server opens the listening socket itself (a port in use fails its start, as the main port would) and hands
 it to the child, which exits when the server's end of its stdin closes: it never outlives the server.
@@ -74,11 +74,17 @@ class StateFile:
             return None
 
 
-async def keep_writing(state: StateFile, verdicts: Callable[[], dict[str, Verdict]]) -> None:
-    """Write the state every HEARTBEAT_S from this event loop: each write is a beat, the proof that it runs."""
-    while True:
-        state.publish(**verdicts())
-        await asyncio.sleep(HEARTBEAT_S)
+def keep_writing(state: StateFile, verdicts: Callable[[], dict[str, Verdict]], name: str) -> asyncio.Task:
+    """Write the state now (a file that cannot be written fails the start), then every HEARTBEAT_S from this event
+    loop, in the task returned: each write is a beat, the proof that the loop runs."""
+    state.write(**verdicts())
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            state.publish(**verdicts())
+
+    return asyncio.get_running_loop().create_task(beat(), name=name)
 
 
 def _silence(state: dict[str, Any] | None, stall_s: float) -> Verdict | None:
@@ -127,12 +133,13 @@ class ProbeProcess:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self.state.write(live=self._liveness(), ready=self._readiness())
+        self._task = keep_writing(self.state, self._verdicts, name="probe-heartbeat")
         self._child = probe_child(self._sock, self.state, self._stall_s)
-        beat = keep_writing(self.state, lambda: {"live": self._liveness(), "ready": self._readiness()})
-        self._task = asyncio.get_running_loop().create_task(beat, name="probe-heartbeat")
         host, port = self._sock.getsockname()[:2]
         log.info("probes on http://%s:%d (/livez, /readyz), answered by process %d", host, port, self._child.pid)
+
+    def _verdicts(self) -> dict[str, Verdict]:
+        return {"live": self._liveness(), "ready": self._readiness()}
 
     def publish(self, ready: Verdict) -> None:
         """Write the state now: a readiness verdict that just changed."""

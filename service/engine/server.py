@@ -140,8 +140,7 @@ async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -
         def verdicts() -> dict[str, probes.Verdict]:
             return {"live": probes.alive_unless(core.stuck())}
 
-        beat = probes.keep_writing(probes.StateFile(heartbeat), verdicts)
-        background.append(asyncio.create_task(beat, name="heartbeat"))
+        background.append(probes.keep_writing(probes.StateFile(heartbeat), verdicts, name="heartbeat"))
     server = EngineServer(core, path)
     await server.start()
     log.info("engine: listening on %s", path)
