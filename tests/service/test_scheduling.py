@@ -64,9 +64,14 @@ def test_full_queue_answers_429_with_retry_after(tiny_repository, server_factory
     statuses: list[int] = []
     retry_after: list[str] = []
     lock = threading.Lock()
+    # all at once: 12 x 4 rows against a queue of 8. Threads that started one by one on a busy machine (the whole
+    # suite's idle servers around) once arrived so far apart that the queue never filled and no 429 came.
+    together = threading.Barrier(12)
 
     def ask(_: int) -> None:
         with httpx.Client(base_url=server.url, timeout=30) as client:
+            client.get("/livez")  # connected before the barrier: the requests leave together
+            together.wait(30)
             response = client.post("/v1/models/bert-ner/ner", json={"inputs": [text] * 4})
         with lock:
             statuses.append(response.status_code)
