@@ -99,7 +99,13 @@ class Settings(BaseSettings):
         description="most padded / real tokens in a batch (rows of like length batch together); with shape "
         "buckets (CUDA) no cap unless set",
     )
-    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="longest wait for more work before a partial batch")
+    max_wait_ms: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="longest wait for more rows before a partial batch starts on an idle device (0: at once; rows "
+        "that arrive while the device is busy gather into the next batch either way)",
+    )
     max_queue_s: float = Field(
         2.0,
         gt=0,

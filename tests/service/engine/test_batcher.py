@@ -401,6 +401,20 @@ def test_requests_close_in_time_share_a_batch() -> None:
     assert len(batches) == 1 and len(batches[0]) == 2
 
 
+def test_without_a_wait_a_lone_row_starts_at_once_and_rows_gather_while_the_device_is_busy() -> None:
+    async def scenario(batcher, runner, _):
+        first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        started_alone = [[row.tag for row in batch] for batch in runner.batches]
+        later = [asyncio.create_task(batcher.submit(rows(k, [5]), Ticket.with_timeout(5))) for k in "bcd"]
+        await asyncio.gather(first, *later)
+        return started_alone, [[row.tag for row in batch] for batch in runner.batches]
+
+    started_alone, batches = run(scenario, runner=Recorder(delay=0.2), max_wait_s=0.0)
+    assert started_alone == [["a0"]]  # on the device 50 ms in, with no company coming
+    assert batches == [["a0"], ["b0", "c0", "d0"]]  # the three that came while it ran went together
+
+
 def test_ticket_timings() -> None:
     async def scenario(batcher, runner, _):
         ticket = Ticket.with_timeout(5)
