@@ -71,6 +71,19 @@ class InvalidInput(ServiceError):
     error_type = "validation"
 
 
+def unpaired_surrogate(where: str, text: str) -> InvalidInput | None:
+    """JSON can carry a lone surrogate (\\ud800) that is no Unicode character: no tokenizer can take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return InvalidInput(
+            f"{where} holds an unpaired surrogate (\\u{ord(text[exc.start]):04x}) at character {exc.start}: "
+            "not a Unicode character",
+            field=where,
+        )
+    return None
+
+
 class Overloaded(ServiceError):
     status_code = 429
     error_type = "overloaded"

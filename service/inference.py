@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from service.engine.batcher import Ticket
 from service.engine_client import Engine
-from service.errors import InvalidInput, WrongTask
+from service.errors import InvalidInput, WrongTask, unpaired_surrogate
 from service.memory import IdleRelease, malloc_trim
 from service.metrics import Metrics
 from service.registry import SELF_TEST, ModelRegistry, ServedModel
@@ -205,15 +205,8 @@ class Inference:
 
 
 def _check_encodable(where: str, text: str) -> None:
-    """JSON can carry a lone surrogate (\\ud800) that is no Unicode character: the tokenizer cannot take it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInput(
-            f"{where} holds an unpaired surrogate (\\u{ord(text[exc.start]):04x}) at character {exc.start}: "
-            "not a Unicode character",
-            field=where,
-        ) from None
+    if (error := unpaired_surrogate(where, text)) is not None:
+        raise error
 
 
 def _classify_texts(inputs: list[classification.TextInput]) -> list[tuple[str, str]]:

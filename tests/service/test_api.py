@@ -340,3 +340,25 @@ def test_hostile_but_valid_inputs_are_answered(tiny_server) -> None:
             assert response.status_code == 200, (path, response.text[:300])
             assert len(response.json()["results"]) == (len(body["inputs"]) if isinstance(body["inputs"], list) else 1)
         assert client.get("/readyz").status_code == 200
+
+
+def test_an_unpaired_surrogate_is_named_alike_by_every_endpoint(tiny_server) -> None:
+    """Classification and NER find it in the server's own check, QA's constrained fields in pydantic: one message."""
+    cases = [
+        ("/v1/models/bert-classification/classify", '{"inputs": ["a\\ud83d"]}', "inputs.0"),
+        ("/v1/models/bert-ner/ner", '{"inputs": ["a\\ud83d"]}', "inputs.0"),
+        ("/v1/models/bert-qa/qa", '{"inputs": {"question": "a\\ud83d", "context": "c"}}', "inputs.0.question"),
+        ("/v1/models/bert-qa/qa", '{"inputs": [{"question": "q", "context": "a\\ud83d"}]}', "inputs.0.context"),
+    ]
+    with tiny_server.client() as client:
+        answers = [
+            (field, client.post(path, content=body.encode(), headers={"content-type": "application/json"}))
+            for path, body, field in cases
+        ]
+    for field, response in answers:
+        assert response.status_code == 422, (field, response.text)
+        assert response.json() == {
+            "error": f"{field} holds an unpaired surrogate (\\ud83d) at character 1: not a Unicode character",
+            "error_type": "validation",
+            "field": field,
+        }
