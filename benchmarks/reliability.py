@@ -1,9 +1,9 @@
 """Reliability benchmark: overload, soak and repository faults against a real server process. Prints figures.
 
     python -m benchmarks.reliability overload [--factor 3] [--seconds 30] [-- SERVER FLAGS...]
-    python -m benchmarks.reliability soak [--minutes 30] [--fraction 0.5]
+    python -m benchmarks.reliability soak [--minutes 30] [--fraction 0.5] [-- SERVER FLAGS...]
     python -m benchmarks.reliability faults
-    python -m benchmarks.reliability hang [--fraction 0.5] [--seconds 30]
+    python -m benchmarks.reliability hang [--fraction 0.5] [--seconds 30] [-- SERVER FLAGS...]
     python -m benchmarks.reliability all
 
 The model is the real MiniLM SST-2 checkpoint in ../shared/models, exported (fp32) into a work folder once.
@@ -273,16 +273,26 @@ def _fault_outcome(server: ServiceProcess) -> dict:
     return {"verdict": "neither ready nor exited in 120 s"}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The phase and its options; whatever follows `--` goes to `python -m service` as it is. (A positional list
+    after the phase never got them: argparse fills both positionals at the phase, so it refused the flags.)"""
+    own, server_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog="flags after -- go to python -m service (overload, hang, soak)"
+    )
     parser.add_argument("phase", choices=["overload", "soak", "faults", "hang", "all"])
     parser.add_argument("--factor", type=float, default=3.0, help="overload: offered load / capacity")
     parser.add_argument("--seconds", type=float, default=30.0, help="overload, hang: length of the open loop")
     parser.add_argument("--minutes", type=float, default=30.0, help="soak: length")
     parser.add_argument("--fraction", type=float, default=0.5, help="soak, hang: offered load / capacity")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bertserve-reliability")
-    parser.add_argument("server_args", nargs="*", help="flags for python -m service (after --)")
-    args = parser.parse_args()
+    args = parser.parse_args(own)
+    args.server_args = server_args
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     report: dict = {}
     if args.phase in ("overload", "all"):

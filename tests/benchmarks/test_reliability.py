@@ -1,11 +1,23 @@
-"""The hang phase's reading of an open loop: answers by when they were due, and when the launcher spoke."""
+"""The reliability benchmark's command line, and the hang phase's reading of an open loop: answers by when they were
+due, and when the launcher spoke."""
 
 from __future__ import annotations
 
 import time
 
 from benchmarks.openloop import Answer, OpenLoopResult
-from benchmarks.reliability import _hang_outcome
+from benchmarks.reliability import _hang_outcome, parse_args
+
+
+def test_flags_after_a_double_dash_go_to_the_server() -> None:
+    args = parse_args(["overload", "--seconds", "20", "--", "--engine-mode", "process", "--frontends", "2"])
+    assert (args.phase, args.seconds, args.server_args) == (
+        "overload",
+        20.0,
+        ["--engine-mode", "process", "--frontends", "2"],
+    )
+    plain = parse_args(["hang", "--fraction", "0.3"])
+    assert (plain.phase, plain.fraction, plain.server_args) == ("hang", 0.3, [])
 
 
 def test_answers_are_counted_before_the_stop_while_stuck_and_after_the_first_200() -> None:
