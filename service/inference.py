@@ -70,8 +70,8 @@ class Inference:
                     f"{where} has {len(text)} characters; the limit is {self.settings.max_chars_per_input}",
                     field=where,
                 )
-            if not text.isascii():
-                _check_encodable(where, text)
+            if not text.isascii() and (surrogate := unpaired_surrogate(where, text)) is not None:
+                raise surrogate
 
     def check_count(self, count: int) -> None:
         if count > self.settings.max_inputs_per_request:
@@ -202,11 +202,6 @@ class Inference:
         self.metrics.queue_duration.labels(model.name).observe(timings.queue_s)
         self.metrics.tokenization_duration.labels(model.name).observe(timings.tokenization_s)
         return outputs
-
-
-def _check_encodable(where: str, text: str) -> None:
-    if (error := unpaired_surrogate(where, text)) is not None:
-        raise error
 
 
 def _classify_texts(inputs: list[classification.TextInput]) -> list[tuple[str, str]]:
