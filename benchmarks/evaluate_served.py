@@ -1,8 +1,8 @@
 """Accuracy of the served answers on the shared evaluation data, against ../shared/models/SCORES.md.
 
 Starts `python -m service` on the real checkpoints and sends the data over HTTP:
-SST-2 dev accuracy (872 sentences), CoNLL-2003 test entity F1 (3,453 sentences; entities from the `first`
-strategy mapped back to words), SQuAD v1.1 EM/F1 (5,609 questions; official normalisation, best over gold).
+SST-2 dev accuracy (872 sentences), CoNLL-2003 test entity F1 (3,453 sentences, strategy `first`: sent as words
+with `is_split_into_words`, and as text), SQuAD v1.1 EM/F1 (5,609 questions; official normalisation, best over gold).
 
     python -m benchmarks.evaluate_served [--tasks sst2,conll03,squad] [--squad-limit N]
                                          [--variant fp32|int8|int8-dynamic]
@@ -20,7 +20,7 @@ from benchmarks.realdata import SHARED, conll03, shared_available, squad, sst2
 from benchmarks.reports import write_report
 from benchmarks.serving import start_service
 from export.cli import quiet_libraries
-from export.evaluation import answer_f1, entity_spans, normalize_answer
+from export.evaluation import answer_f1, entity_spans, iob_tags, normalize_answer
 from export.pipeline import export_checkpoint
 
 MODELS = {"sst2": "minilm-bert-sst2", "conll03": "minilm-bert-conll03", "squad": "minilm-bert-squad"}
@@ -52,32 +52,46 @@ def evaluate_sst2(url: str) -> dict:
 
 
 def evaluate_conll(url: str) -> dict:
+    """Entity F1 two ways: the words sent as the words they are (`is_split_into_words`: tags from each entity's
+    first and last word), and as text, the words joined by spaces (entities mapped back to the words they cover)."""
     data = conll03()
-    texts = [" ".join(words) for words, _ in data]
-    answers = post_all(
+    path = f"/v1/models/{MODELS['conll03']}/ner"
+    as_words = post_all(
         url,
-        f"/v1/models/{MODELS['conll03']}/ner",
-        [{"inputs": c, "aggregation_strategy": "first"} for c in chunks(texts, 32)],
+        path,
+        [
+            {"inputs": [w for w, _ in c], "is_split_into_words": True, "aggregation_strategy": "first"}
+            for c in chunks(data, 32)
+        ],
     )
-    entities = [r for a in answers for r in a["results"]]
+    as_text = post_all(
+        url, path, [{"inputs": [" ".join(w) for w, _ in c], "aggregation_strategy": "first"} for c in chunks(data, 32)]
+    )
+    word_tags, text_tags = [], []
+    for (words, _), by_word, by_text in zip(
+        data, [r for a in as_words for r in a["results"]], [r for a in as_text for r in a["results"]], strict=True
+    ):
+        word_tags.append(iob_tags(len(words), [(e["first_word"], e["last_word"], e["entity_group"]) for e in by_word]))
+        starts = [sum(len(w) + 1 for w in words[:i]) for i in range(len(words))]
+        covered = [
+            [i for i, s in enumerate(starts) if s < e["end"] and s + len(words[i]) > e["start"]] for e in by_text
+        ]
+        text_tags.append(
+            iob_tags(len(words), [(c[0], c[-1], e["entity_group"]) for c, e in zip(covered, by_text, strict=True) if c])
+        )
+    gold = [tags for _, tags in data]
+    return {"sentences": len(data), "words": entity_f1(word_tags, gold), "text": entity_f1(text_tags, gold)}
+
+
+def entity_f1(predicted_tags: list[list[str]], gold_tags: list[list[str]]) -> dict:
     true_positive = predicted_count = gold_count = 0
-    for (words, gold), found in zip(data, entities, strict=True):
-        starts, position = [], 0
-        for word in words:
-            starts.append(position)
-            position += len(word) + 1
-        tags = ["O"] * len(words)
-        for entity in found:
-            covered = [i for i, s in enumerate(starts) if s < entity["end"] and s + len(words[i]) > entity["start"]]
-            for j, i in enumerate(covered):
-                tags[i] = ("B-" if j == 0 else "I-") + entity["entity_group"]
-        predicted, expected = entity_spans(tags), entity_spans(gold)
+    for predicted_sentence, gold_sentence in zip(predicted_tags, gold_tags, strict=True):
+        predicted, expected = entity_spans(predicted_sentence), entity_spans(gold_sentence)
         true_positive += len(predicted & expected)
         predicted_count += len(predicted)
         gold_count += len(expected)
     precision, recall = true_positive / predicted_count, true_positive / gold_count
     return {
-        "sentences": len(data),
         "f1": round(2 * precision * recall / (precision + recall), 4),
         "precision": round(precision, 4),
         "recall": round(recall, 4),
@@ -125,6 +139,8 @@ def main() -> None:
         args.variant,
         "--device",
         "cpu",
+        "--access-log",
+        "off",
         "--request-timeout-s",
         "600",
         "--models",

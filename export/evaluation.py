@@ -260,6 +260,15 @@ def entity_spans(tags: list[str]) -> set[tuple[int, int, str]]:
     return spans
 
 
+def iob_tags(count: int, entities: list[tuple[int, int, str]]) -> list[str]:
+    """IOB tags of `count` words from (first word, last word, type) entities."""
+    tags = ["O"] * count
+    for first, last, kind in entities:
+        for i in range(first, last + 1):
+            tags[i] = ("B-" if i == first else "I-") + kind
+    return tags
+
+
 def normalize_answer(text: str) -> str:
     """SQuAD's normalisation: lower case, no punctuation, no articles, single spaces."""
     text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))

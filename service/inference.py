@@ -98,14 +98,22 @@ class Inference:
         results = [classification.postprocess(out["logits"], labels, problem_type, top_k) for out in outputs]
         return results, timings
 
-    async def ner(self, name: str, texts: list[str], strategy: str, ticket: Ticket) -> tuple[list[list[dict]], Timings]:
+    async def ner(
+        self, name: str, inputs: list[str] | list[list[str]], strategy: str, ticket: Ticket
+    ) -> tuple[list[list[dict]], Timings]:
+        """Entities of each text; of each text given as its words, where `inputs` holds lists of words."""
         model = await self.model_for(name, "ner", ticket)
-        self.check_count(len(texts))
+        self.check_count(len(inputs))
+        sources = [item if isinstance(item, str) else ner.Words.join(item) for item in inputs]
+        texts = [source if isinstance(source, str) else source.text for source in sources]
+        for i, item in enumerate(inputs):
+            if not isinstance(item, str) and not texts[i].isascii():  # a fault in a word is named as that word's
+                self.check_texts([(f"inputs.{i}.{j}", word) for j, word in enumerate(item)])
         self.check_texts([(f"inputs.{i}", text) for i, text in enumerate(texts)])
         timings = Timings()
         stride = ner.default_stride(model.loaded_tokenizer, model.max_length)
         features = await self._off_loop(
-            timings, lambda: [ner.prepare(model.loaded_tokenizer, text, model.max_length, stride) for text in texts]
+            timings, lambda: [ner.prepare(model.loaded_tokenizer, item, model.max_length, stride) for item in sources]
         )
         outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
         per_input = _split(outputs, [len(f.rows) for f in features])

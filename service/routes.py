@@ -168,9 +168,22 @@ async def _classify(inference: Inference, name: str, body: Any, ticket: Ticket) 
     return await inference.classify(name, inputs, body.top_k, ticket)
 
 
+SPLIT_WORDS_NEED_LISTS = (
+    "with is_split_into_words, inputs is one text's words (a list of strings) or a list of such lists, not a mix"
+)
+WORD_LISTS_NEED_SPLIT = "inputs holds lists of words: send is_split_into_words: true with them, or texts"
+
+
 async def _recognize(inference: Inference, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
-    texts = body.inputs if isinstance(body.inputs, list) else [body.inputs]
-    return await inference.ner(name, texts, body.aggregation_strategy, ticket)
+    inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
+    lists = sum(isinstance(item, list) for item in inputs)
+    if body.is_split_into_words:
+        if isinstance(body.inputs, str) or 0 < lists < len(inputs):
+            raise InvalidInput(SPLIT_WORDS_NEED_LISTS, field="inputs")
+        return await inference.ner(name, inputs if lists else [inputs], body.aggregation_strategy, ticket)
+    if lists:
+        raise InvalidInput(WORD_LISTS_NEED_SPLIT, field="inputs")
+    return await inference.ner(name, inputs, body.aggregation_strategy, ticket)
 
 
 async def _answer_questions(inference: Inference, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:

@@ -36,12 +36,23 @@ class ClassifyResponse(BaseModel):
     results: list[list[LabelScore]] = Field(description="per input, labels by decreasing score")
 
 
+Words = Annotated[list[str], Field(min_length=1)]
+
+
 class NerRequest(Strict):
-    inputs: str | Annotated[list[str], Field(min_length=1)] = Field(
-        description="one text or a non-empty list", examples=["EU rejects German call to boycott British lamb."]
+    inputs: str | Annotated[list[str | Words], Field(min_length=1)] = Field(
+        description="one text or a non-empty list of texts; with is_split_into_words, one text's words or a "
+        "non-empty list of such lists",
+        examples=["EU rejects German call to boycott British lamb."],
     )
     aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = Field(
         "simple", description="as transformers' token-classification pipeline"
+    )
+    is_split_into_words: StrictBool = Field(
+        False,
+        description="inputs are texts given as words (e.g. CoNLL's): each text is its words joined by one space "
+        "(offsets count in that text), each entity also names its first_word and last_word, and the strategies "
+        "first, average and max label these words rather than the words the tokenizer's pieces suggest",
     )
 
 
@@ -53,6 +64,8 @@ class Entity(BaseModel):
     word: str
     start: int | None = Field(description="character offset into the input text")
     end: int | None
+    first_word: int | None = Field(None, description="with is_split_into_words: index of the entity's first word")
+    last_word: int | None = Field(None, description="with is_split_into_words: index of the entity's last word")
 
 
 class NerResponse(BaseModel):

@@ -104,6 +104,18 @@ BAD_REQUESTS = [
         "aggregation_strategy",
     ),
     ("POST", "/v1/models/bert-qa/qa", {"json": {"inputs": [{"question": "q"}]}}, 422, "validation", "inputs.0.context"),
+    # words (is_split_into_words): lists of strings, with the flag; not a text, not a mix, no empty list
+    *[
+        ("POST", "/v1/models/bert-ner/ner", {"json": body}, 422, "validation", field)
+        for body, field in [
+            ({"inputs": [["Peter", "Blackburn"]]}, "inputs"),
+            ({"inputs": "Peter Blackburn", "is_split_into_words": True}, "inputs"),
+            ({"inputs": [["Peter"], "Blackburn"], "is_split_into_words": True}, "inputs"),
+            ({"inputs": [["Peter"], []], "is_split_into_words": True}, "inputs.1"),
+            ({"inputs": [["Peter", 7]], "is_split_into_words": True}, "inputs.0.1"),
+            ({"inputs": ["Peter"], "is_split_into_words": "yes"}, "is_split_into_words"),
+        ]
+    ],
     # empty question or context: declared in the schema (minLength 1), a validation error naming the field
     *[
         ("POST", "/v1/models/bert-qa/qa", {"json": {"inputs": [pair]}}, 422, "validation", f"inputs.0.{empty}")
@@ -140,6 +152,11 @@ BAD_REQUESTS = [
                 "inputs.0.text_pair",
             ),
             ("/v1/models/bert-ner/ner", '{"inputs": "\\ud800"}', "inputs.0"),
+            (
+                "/v1/models/bert-ner/ner",
+                '{"inputs": [["ok"], ["fine", "b\\udc00d"]], "is_split_into_words": true}',
+                "inputs.1.1",
+            ),
             ("/v1/models/bert-qa/qa", '{"inputs": {"question": "q\\ud83d", "context": "c"}}', "inputs.0.question"),
         ]
     ],
@@ -212,6 +229,58 @@ def test_bad_requests_get_the_right_status_and_one_error_shape(
         assert client.get("/readyz").status_code == 200
         ok = client.post("/v1/models/bert-classification/classify", json={"inputs": ["still fine"]})
         assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "albert", "distilbert"])
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+def test_words_given_split_are_tagged_as_those_words(tiny_server, arch: str, strategy: str) -> None:
+    """Each text's words joined by one space are the text; each entity names the words it covers, and the word
+    strategies never cut a word: an entity starts at a word's start and ends at a word's end."""
+    sentences = [
+        ["S.", "Fleming", "met", "Maria", "Lopez", "in", "Al-Ain", "and", "New York", "(", "U.S.", ")", "."],
+        ["Peter"],
+        ["nothing", "here"],
+    ]
+    path = f"/v1/models/{arch}-ner/ner"
+    with tiny_server.client() as client:
+        by_words = client.post(
+            path, json={"inputs": sentences, "is_split_into_words": True, "aggregation_strategy": strategy}
+        )
+        one = client.post(
+            path, json={"inputs": sentences[0], "is_split_into_words": True, "aggregation_strategy": strategy}
+        )
+        as_text = client.post(
+            path, json={"inputs": [" ".join(words) for words in sentences], "aggregation_strategy": strategy}
+        )
+    assert by_words.status_code == 200, by_words.text
+    results = by_words.json()["results"]
+    assert len(results) == len(sentences)
+    assert one.json()["results"] == results[:1]  # one list of words is one text
+    found = 0
+    for words, entities in zip(sentences, results, strict=True):
+        text = " ".join(words)
+        starts = [len(" ".join(words[:i])) + (i > 0) for i in range(len(words))]
+        for entity in entities:
+            first, last = entity["first_word"], entity["last_word"]
+            assert 0 <= first <= last < len(words), entity
+            # What the entity covers, but for the spaces around words that SentencePiece's "▁" and byte-level BPE's
+            # "Ġ" pieces count in (a "Ġ" of its own may cover no character: start == end).
+            covered = text[entity["start"] : entity["end"]]
+            start = entity["start"] + len(covered) - len(covered.lstrip(" "))
+            end = entity["end"] - len(covered) + len(covered.rstrip(" "))
+            assert starts[first] <= start and end <= starts[last] + len(words[last]), entity
+            if strategy in ("first", "average", "max"):
+                assert text[entity["start"] : entity["end"]].strip() == " ".join(words[first : last + 1]), entity
+            found += 1
+    assert found > 0, "the tiny model tagged nothing: nothing was checked"
+    if strategy in ("none", "simple"):  # token strategies: the words change nothing but the added indices
+        stripped = [
+            [{k: v for k, v in e.items() if k not in ("first_word", "last_word")} for e in entities]
+            for entities in results
+        ]
+        assert stripped == as_text.json()["results"]
+    else:
+        assert all("first_word" not in e for entities in as_text.json()["results"] for e in entities)
 
 
 UNION_ERRORS = [

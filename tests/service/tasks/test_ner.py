@@ -213,6 +213,49 @@ def test_long_text_windows_match_the_pipeline_with_stride(
     assert max(entity["end"] for entity in got) > len(LONG_TEXT) // 2, "the end of the text was not covered"
 
 
+def test_words_join_with_one_space_and_find_the_words_a_span_reaches() -> None:
+    words = ner.Words.join(["S.", "Fleming", "", "New York", "."])
+    assert words.text == "S. Fleming  New York ."
+    assert (words.starts, words.ends) == ([0, 3, 11, 12, 21], [2, 10, 11, 20, 22])
+    assert words.span(0, 1) == (0, 0)  # "S"
+    assert words.span(1, 2) == (0, 0)  # "." of "S."
+    assert words.span(2, 10) == (1, 1)  # " Fleming": a space before a word counts for that word
+    assert words.span(0, 10) == (0, 1)
+    assert words.span(16, 20) == (3, 3)  # "York", inside a word that holds a space
+    assert words.span(12, 22) == (3, 4)
+    assert words.span(22, 22) == (4, 4)  # an empty span at the end
+
+
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_words_over_several_windows_stay_whole(
+    checkpoint: Callable[[str], Checkpoint], arch: str, strategy: str
+) -> None:
+    """Given as words, a text of several windows: the token strategies give the text's entities (and the words
+    they reach), the word strategies label whole words only, each word once."""
+    model = checkpoint(arch)
+    given = LONG_TEXT.split()
+    words = ner.Words.join(given)
+    features = ner.prepare(model.tokenizer, words, MAX_LENGTH, 8)
+    assert len(features.rows) >= 3
+    got = ner.postprocess(words.text, features, model.logits(features), model.labels, strategy)
+    assert labelled(got) > 0
+    as_text = model.entities(words.text, strategy, 8)
+    for entity in got:
+        first, last = entity.pop("first_word"), entity.pop("last_word")
+        covered = words.text[entity["start"] : entity["end"]].strip()
+        if strategy in ("first", "average", "max"):
+            assert covered == " ".join(given[first : last + 1]), entity
+        else:
+            assert covered in " ".join(given[first : last + 1]), entity
+    if strategy in ("none", "simple"):
+        assert got == as_text
+    else:
+        spans = [words.span(entity["start"], entity["end"]) for entity in got]
+        reached = [i for first, last in spans for i in range(first, last + 1)]
+        assert len(reached) == len(set(reached)), "a word in two entities"
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_pipelines_model_gives_our_logits(checkpoint: Callable[[str], Checkpoint], arch: str) -> None:
     model = checkpoint(arch)
