@@ -97,6 +97,7 @@ class TokenSpan(NamedTuple):
     start: int
     end: int
     is_subword: bool  # continues the word of the token before it
+    given_word: int = -1  # where the text came as words (`Words`): the index of the word it is in
 
 
 @dataclass(frozen=True)
@@ -166,38 +167,37 @@ def prepare(tokenizer: TextTokenizer, source: str | Words, max_length: int, stri
     )
 
 
-def _whole_words(windows: list[list[TokenSpan]], words: Words) -> list[list[TokenSpan]]:
-    """The windows' tokens, each word's in one window only: the first that holds the whole word or, where none does
-    (a word longer than the windows' overlap), the one that holds its first piece."""
-    word_of = [[words.first(token.start) for token in window] for window in windows]
+def _whole_words(windows: list[list[TokenSpan]]) -> list[list[TokenSpan]]:
+    """The windows' tokens, each given word's in one window only: the first that holds the whole word or, where
+    none does (a word longer than the windows' overlap), the one that holds its first piece."""
     kept = []
     for w, window in enumerate(windows):
         start, stop = 0, len(window)
         if w > 0 and window:  # pieces of a word begun in the window before: labelled there
-            begun = _word_of_token(windows[w - 1], word_of[w - 1], window[0].text_index - 1)
-            while start < stop and word_of[w][start] == begun:
+            begun = _given_word(windows[w - 1], window[0].text_index - 1)
+            while start < stop and window[start].given_word == begun:
                 start += 1
         if w + 1 < len(windows) and window and windows[w + 1]:  # a word cut by the window's end ...
-            last = word_of[w][-1]
-            cut = _word_of_token(windows[w + 1], word_of[w + 1], window[-1].text_index + 1) == last
-            if cut and word_of[w + 1][0] != last:  # ... that the next window holds from its first piece on
-                while stop > start and word_of[w][stop - 1] == last:
+            last = window[-1].given_word
+            cut = _given_word(windows[w + 1], window[-1].text_index + 1) == last
+            if cut and windows[w + 1][0].given_word != last:  # ... that the next window holds from its first piece
+                while stop > start and window[stop - 1].given_word == last:
                     stop -= 1
         kept.append(window[start:stop])
     return kept
 
 
-def _word_of_token(window: list[TokenSpan], word_of: list[int], text_index: int) -> int | None:
-    """The word of the window's token at `text_index` of the whole text (None where the window lacks it)."""
+def _given_word(window: list[TokenSpan], text_index: int) -> int | None:
+    """The given word of the window's token at `text_index` of the whole text (None where the window lacks it)."""
     position = text_index - window[0].text_index if window else -1
-    return word_of[position] if 0 <= position < len(window) else None
+    return window[position].given_word if 0 <= position < len(window) else None
 
 
 def _token_spans(
     text: str, encoding: Encoding, shift: int, word_aware: bool, unk_id: int | None, words: Words | None
 ) -> list[TokenSpan]:
     spans = []
-    word_index = -1  # with the caller's words: the word of the token before
+    given_word = -1
     for position, (token_id, token, (start, end), special) in enumerate(
         zip(encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True)
     ):
@@ -207,10 +207,10 @@ def _token_spans(
             word, is_subword = text[start:end], False
         else:
             word, is_subword = token, _is_subword(text, token, start, end, word_aware)
-        if words is not None:  # a token continues the caller's word that the token before is in
-            previous, word_index = word_index, words.first(start)
-            is_subword = word_index == previous
-        spans.append(TokenSpan(position, position + shift, word, start, end, is_subword))
+        if words is not None:  # a token continues the given word that the token before it is in
+            previous, given_word = given_word, words.first(start)
+            is_subword = given_word == previous
+        spans.append(TokenSpan(position, position + shift, word, start, end, is_subword, given_word))
     return spans
 
 
@@ -235,7 +235,7 @@ def postprocess(
     _check_logits(features, logits, labels)
     windows = features.tokens
     if features.words is not None and strategy in WORD_STRATEGIES:
-        windows = _whole_words(windows, features.words)
+        windows = _whole_words(windows)
     per_window = [
         _window_entities(tokens, _softmax(window_logits), labels, strategy, features.join_tokens, ignore_labels)
         for tokens, window_logits in zip(windows, logits, strict=True)
