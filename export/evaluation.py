@@ -7,8 +7,9 @@ Formats, one per task:
   sentences, `-DOCSTART-` lines ignored. Metric: entity F1 (conlleval's exact span and type match), each word
   tagged by its first sub-token.
 - qa: SQuAD v1.1 JSON (data / paragraphs / context / qas / question / answers). Metrics: exact match and F1
-  (the official normalisation, best over the gold answers); the context is cut to the model's window (at most
-  384 tokens), and the answer is the best span of at most 30 tokens. The budget applies to F1.
+  (the official normalisation, best over the gold answers) of the answer the server gives at its defaults: the
+  server's own windows and decoding (`service.tasks.qa`: windows of 384 tokens overlapping by 128, the best
+  answer of at most 15 tokens by the pipeline's scores). The budget applies to F1.
 Scores are in points (percent). Inputs run in batches of 16 rows of like length, as the server batches them.
 """
 
@@ -30,14 +31,15 @@ import onnxruntime as ort
 from export.checkpoint import Checkpoint
 from export.errors import ExportError, first_line
 from export.validation import pad_rows
+from service.tasks import qa
+from service.tokenization import TextTokenizer
 
 PRIMARY_METRIC = {"classification": "accuracy", "ner": "f1", "qa": "f1"}
 FORMATS = {"classification": "text/label TSV", "ner": "CoNLL", "qa": "SQuAD JSON"}
 AGREEMENT_OF = {"classification": "labels", "ner": "word tags", "qa": "answer spans"}
 DEFAULT_MAX_LOSS = 0.5
 BATCH_ROWS = 16
-QA_MAX_TOKENS = 384
-QA_MAX_ANSWER_TOKENS = 30
+QA_PARAMS = qa.QaParams()  # the server's defaults
 
 
 @dataclass
@@ -48,11 +50,19 @@ class EvalSet:
     path: Path
     golds: list[Any]  # label index / word tags / gold answer texts
     feeds: list[dict[str, np.ndarray]]  # the model's inputs, BATCH_ROWS rows each
-    order: list[list[int]]  # the example index of each row of each feed
-    extras: list[Any] = field(default_factory=list)  # per example: word spans, or (context, offsets, context mask)
+    order: list[list[int]]  # the row index of each row of each feed (rows: one per example, QA: one per window)
+    extras: list[Any] = field(default_factory=list)  # per example: first token of each word, or a QaExample
 
     def __len__(self) -> int:
         return len(self.golds)
+
+
+@dataclass(frozen=True)
+class QaExample:
+    question: str
+    context: str
+    features: qa.QaFeatures  # the server's windows of the pair
+    rows: list[int]  # the row index of each window
 
 
 def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) -> EvalSet:
@@ -141,6 +151,8 @@ def _read_squad(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str, list
 
 def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:
     tokenizer, task = checkpoint.tokenizer, checkpoint.task
+    if task == "qa":  # the server's tokenizer, from the tokenizer.json the export writes
+        served = TextTokenizer(tokenizer.backend_tokenizer.to_str(), tokenizer.pad_token_id or 0)
     rows: list[Any] = []
     golds: list[Any] = []
     extras: list[Any] = []
@@ -161,16 +173,12 @@ def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:
             extras.append(_first_token_of_words(spans, encoded["offset_mapping"]))
         else:
             question, context, answers = example
-            encoded = tokenizer(
-                question,
-                context,
-                truncation="only_second",
-                max_length=min(QA_MAX_TOKENS, checkpoint.max_length),
-                return_offsets_mapping=True,
-            )
-            in_context = np.array([sid == 1 for sid in encoded.sequence_ids()])
+            features = qa.prepare(served, question, context, QA_PARAMS, checkpoint.max_length)
+            windows = [{"input_ids": row.input_ids, "token_type_ids": row.token_type_ids} for row in features.rows]
             golds.append(answers)
-            extras.append((context, encoded["offset_mapping"], in_context))
+            extras.append(QaExample(question, context, features, list(range(len(rows), len(rows) + len(windows)))))
+            rows.extend(windows)
+            continue
         rows.append(encoded)
     by_length = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
     order = [by_length[i : i + BATCH_ROWS] for i in range(0, len(by_length), BATCH_ROWS)]
@@ -191,30 +199,43 @@ def _first_token_of_words(spans: list[tuple[int, int]], offsets: list[tuple[int,
 
 def predict(session: ort.InferenceSession, data: EvalSet, labels: list[str] | None) -> list[Any]:
     """Each example's answer: a label index, a tag per word, or an answer span (start, end) in characters."""
+    if data.task == "qa":
+        return list(_answer(session, data))
     answers: list[Any] = [None] * len(data)
     tag_names = labels or []  # NER only: a token-classification checkpoint always names its labels
-    names = ["logits"] if data.task != "qa" else ["start_logits", "end_logits"]
     for feed, chunk in zip(data.feeds, data.order, strict=True):
-        outputs = session.run(names, feed)
-        for row, index in enumerate(chunk):
+        (logits,) = session.run(["logits"], feed)
+        for row, index in enumerate(chunk):  # one row per example: the row index is the example's
             if data.task == "classification":
-                answers[index] = int(outputs[0][row].argmax())
-            elif data.task == "ner":
-                tags = outputs[0][row].argmax(-1)
-                answers[index] = [tag_names[tags[t]] if t is not None else "O" for t in data.extras[index]]
+                answers[index] = int(logits[row].argmax())
             else:
-                answers[index] = _best_span(outputs[0][row], outputs[1][row], *data.extras[index][1:])
+                tags = logits[row].argmax(-1)
+                answers[index] = [tag_names[tags[t]] if t is not None else "O" for t in data.extras[index]]
     return answers
 
 
-def _best_span(start: np.ndarray, end: np.ndarray, offsets: list, in_context: np.ndarray) -> tuple[int, int]:
-    n = len(in_context)
-    start = np.where(in_context, start[:n], -np.inf)
-    end = np.where(in_context, end[:n], -np.inf)
-    gap = np.arange(n)[None, :] - np.arange(n)[:, None]
-    scores = np.where((gap >= 0) & (gap < QA_MAX_ANSWER_TOKENS), start[:, None] + end[None, :], -np.inf)
-    first, last = divmod(int(scores.argmax()), n)
-    return offsets[first][0], offsets[last][1]
+def _answer(session: ort.InferenceSession, data: EvalSet) -> list[tuple[int, int]]:
+    """Each question's best answer (start, end in characters), decoded from its windows' logits as the server
+    decodes them."""
+    logits: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for feed, chunk in zip(data.feeds, data.order, strict=True):
+        starts, ends = session.run(["start_logits", "end_logits"], feed)
+        for row, index in enumerate(chunk):
+            logits[index] = (starts[row], ends[row])
+    spans = []
+    for example in data.extras:
+        lengths = [len(row) for row in example.features.rows]
+        window_logits = [logits[index] for index in example.rows]
+        best = qa.postprocess(
+            example.question,
+            example.context,
+            example.features,
+            [start[:n] for (start, _), n in zip(window_logits, lengths, strict=True)],
+            [end[:n] for (_, end), n in zip(window_logits, lengths, strict=True)],
+            QA_PARAMS,
+        )[0]
+        spans.append((best["start"], best["end"]))
+    return spans
 
 
 def score(data: EvalSet, answers: list[Any]) -> dict[str, float]:
@@ -229,7 +250,7 @@ def score(data: EvalSet, answers: list[Any]) -> dict[str, float]:
         precision, recall = hit / max(found, 1), hit / max(gold, 1)
         f1 = 2 * precision * recall / (precision + recall) if hit else 0.0
         return {"f1": round(100 * f1, 2), "precision": round(100 * precision, 2), "recall": round(100 * recall, 2)}
-    texts = [extra[0][start:end] for extra, (start, end) in zip(data.extras, answers, strict=True)]
+    texts = [example.context[start:end] for example, (start, end) in zip(data.extras, answers, strict=True)]
     pairs = list(zip(texts, data.golds, strict=True))
     exact = [max(normalize_answer(t) == normalize_answer(g) for g in golds) for t, golds in pairs]
     f1s = [max(answer_f1(t, g) for g in golds) for t, golds in pairs]

@@ -217,3 +217,52 @@ def test_words_map_to_their_first_token() -> None:
 
 def test_squad_normalisation() -> None:
     assert normalize_answer("The  Eiffel Tower!") == "eiffel tower"
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_the_qa_gate_scores_the_answers_the_server_gives(tiny_checkpoint, tmp_path: Path, variant: str) -> None:
+    """The export judges a QA variant on the answers the server would give: the server's windows (contexts of
+    several windows here) and decoding at its defaults, so that what passes the budget is what is served."""
+    from benchmarks.serving import start_service
+
+    contexts = [" ".join(CORPUS[i : i + 6]) for i in range(0, 12, 3)]
+    questions = ["Who met in Brussels?", "Where will the committee meet?", "What did the scientists report?"]
+    qas = [
+        {"id": f"{c}-{q}", "question": question, "answers": [{"text": "Geneva"}]}
+        for q, question in enumerate(questions)
+        for c in range(len(contexts))
+    ]
+    squad = {"data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas} for context in contexts]}]}
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(squad))
+    source = str(tiny_checkpoint("bert", "qa"))
+    entry = export_checkpoint(
+        source, "m", tmp_path / "models", variants="fp32,int8", eval_path=data, max_accuracy_loss=100
+    ).entry
+    checkpoint = load_checkpoint(source)
+    eval_set = load_eval_set(data, checkpoint)
+    assert sum(len(example.features.rows) for example in eval_set.extras) > len(eval_set), "no context had windows"
+    spans = predict(create_session(str(entry / f"model.{variant}.onnx"), "CPUExecutionProvider"), eval_set, None)
+
+    server = start_service(tmp_path / "models", "--cpu-variant", variant, "--device", "cpu")
+    try:
+        with server.client() as client:
+            served = []
+            for paragraph in squad["data"][0]["paragraphs"]:
+                for qa in paragraph["qas"]:
+                    body = {"inputs": {"question": qa["question"], "context": paragraph["context"]}}
+                    response = client.post("/v1/models/m/qa", json=body)
+                    assert response.status_code == 200, response.text
+                    answer = response.json()["results"][0][0]
+                    served.append((answer["start"], answer["end"]))
+            assert client.get("/v1/models/m").json()["variant"] == variant
+    finally:
+        server.stop()
+    assert spans == served
+    first_window_reach = [
+        max(end for (_, end), part in zip(first.offsets, first.sequence_ids, strict=True) if part == 1)
+        for first in (example.features.encodings[0] for example in eval_set.extras)
+    ]
+    assert any(start >= reach for (start, _), reach in zip(served, first_window_reach, strict=True)), (
+        "every answer lay in its first window: a gate that cut contexts to one window would pass this test too"
+    )

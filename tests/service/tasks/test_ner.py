@@ -146,7 +146,7 @@ def load_checkpoint(directory: Path, model: Any | None = None, reference: Any | 
     if reference is None:
         reference = pipeline("token-classification", model=str(directory))
     return Checkpoint(
-        tokenizer=TextTokenizer(directory / "tokenizer.json", model.config.pad_token_id),
+        tokenizer=TextTokenizer.load(directory / "tokenizer.json", model.config.pad_token_id),
         model=model,
         labels=[model.config.id2label[i] for i in range(model.config.num_labels)],
         uses_token_type_ids="token_type_ids" in AutoTokenizer.from_pretrained(str(directory)).model_input_names,
@@ -277,7 +277,7 @@ def test_windows_are_the_pipeline_tokenizers_windows(arch: str, tiny_checkpoint:
         return_offsets_mapping=True,
         return_special_tokens_mask=True,
     )
-    ours = TextTokenizer(directory / "tokenizer.json", tokenizer.pad_token_id)
+    ours = TextTokenizer.load(directory / "tokenizer.json", tokenizer.pad_token_id)
     features = ner.prepare(ours, LONG_TEXT, MAX_LENGTH, 8)
     assert len(features.rows) == len(reference["input_ids"])
     for window, row in enumerate(features.rows):

@@ -116,7 +116,7 @@ class Checkpoint:
     def load(cls, directory: Path, golden: Golden) -> Checkpoint:
         check_fingerprint(directory, golden.fixture)
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-        tokenizer = TextTokenizer(directory / "tokenizer.json", config.get("pad_token_id"))
+        tokenizer = TextTokenizer.load(directory / "tokenizer.json", config.get("pad_token_id"))
         return cls(tokenizer, golden.fixture["checkpoint"]["model_max_length"])
 
     def prepare(self, question: str, context: str, params: qa.QaParams) -> qa.QaFeatures:
