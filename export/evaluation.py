@@ -173,7 +173,11 @@ def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:
             extras.append(_first_token_of_words(spans, encoded["offset_mapping"]))
         else:
             question, context, answers = example
-            features = qa.prepare(served, question, context, QA_PARAMS, checkpoint.max_length)
+            try:
+                features = qa.prepare(served, question, context, QA_PARAMS, checkpoint.max_length)
+            except qa.QaInputError as exc:  # what the server would refuse (422) at its defaults
+                shown = question if len(question) <= 60 else question[:57] + "..."
+                raise ExportError(f"--eval {path}: the question {shown!r} cannot be asked: {exc}") from exc
             windows = [{"input_ids": row.input_ids, "token_type_ids": row.token_type_ids} for row in features.rows]
             golds.append(answers)
             extras.append(QaExample(question, context, features, list(range(len(rows), len(rows) + len(windows)))))
@@ -200,7 +204,7 @@ def _first_token_of_words(spans: list[tuple[int, int]], offsets: list[tuple[int,
 def predict(session: ort.InferenceSession, data: EvalSet, labels: list[str] | None) -> list[Any]:
     """Each example's answer: a label index, a tag per word, or an answer span (start, end) in characters."""
     if data.task == "qa":
-        return list(_answer(session, data))
+        return _answer(session, data)
     answers: list[Any] = [None] * len(data)
     tag_names = labels or []  # NER only: a token-classification checkpoint always names its labels
     for feed, chunk in zip(data.feeds, data.order, strict=True):

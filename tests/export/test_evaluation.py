@@ -219,6 +219,19 @@ def test_squad_normalisation() -> None:
     assert normalize_answer("The  Eiffel Tower!") == "eiffel tower"
 
 
+def test_a_question_the_server_cannot_take_is_named(tiny_checkpoint, tmp_path: Path) -> None:
+    """A question that leaves its context no room in a window (the server answers 422) stops the export, saying
+    which one, rather than a traceback."""
+    paragraph = {"context": "Peter met Maria in Brussels.", "qas": [{"id": "1", "question": "Who?", "answers": []}]}
+    paragraph["qas"] += [{"id": "2", "question": " ".join(["why"] * 80), "answers": [{"text": "Peter"}]}]
+    paragraph["qas"] += [{"id": "3", "question": "Who met?", "answers": [{"text": "Peter"}]}]
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [paragraph]}]}))
+    checkpoint = load_checkpoint(str(tiny_checkpoint("bert", "qa")))
+    with pytest.raises(ExportError, match=r"dev.json: the question 'why why .*\.\.\.' cannot be asked: .*question"):
+        load_eval_set(data, checkpoint)
+
+
 @pytest.mark.parametrize("variant", ["fp32", "int8"])
 def test_the_qa_gate_scores_the_answers_the_server_gives(tiny_checkpoint, tmp_path: Path, variant: str) -> None:
     """The export judges a QA variant on the answers the server would give: the server's windows (contexts of
