@@ -11,6 +11,7 @@ with `is_split_into_words`, and as text), SQuAD v1.1 EM/F1 (5,609 questions; off
 from __future__ import annotations
 
 import argparse
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def evaluate_conll(url: str) -> dict:
         data, [r for a in as_words for r in a["results"]], [r for a in as_text for r in a["results"]], strict=True
     ):
         word_tags.append(iob_tags(len(words), [(e["first_word"], e["last_word"], e["entity_group"]) for e in by_word]))
-        starts = [sum(len(w) + 1 for w in words[:i]) for i in range(len(words))]
+        starts = list(itertools.accumulate((len(word) + 1 for word in words[:-1]), initial=0))  # in " ".join(words)
         covered = [
             [i for i, s in enumerate(starts) if s < e["end"] and s + len(words[i]) > e["start"]] for e in by_text
         ]

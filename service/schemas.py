@@ -36,11 +36,11 @@ class ClassifyResponse(BaseModel):
     results: list[list[LabelScore]] = Field(description="per input, labels by decreasing score")
 
 
-Words = Annotated[list[str], Field(min_length=1)]
+WordList = Annotated[list[str], Field(min_length=1)]
 
 
 class NerRequest(Strict):
-    inputs: str | Annotated[list[str | Words], Field(min_length=1)] = Field(
+    inputs: str | Annotated[list[str | WordList], Field(min_length=1)] = Field(
         description="one text or a non-empty list of texts; with is_split_into_words, one text's words or a "
         "non-empty list of such lists",
         examples=["EU rejects German call to boycott British lamb."],
