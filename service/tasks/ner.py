@@ -203,13 +203,12 @@ def _token_spans(
     ):
         if special:
             continue
-        if token_id == unk_id:
-            word, is_subword = text[start:end], False
-        else:
-            word, is_subword = token, _is_subword(text, token, start, end, word_aware)
+        word = text[start:end] if token_id == unk_id else token
         if words is not None:  # a token continues the given word that the token before it is in
             previous, given_word = given_word, words.first(start)
             is_subword = given_word == previous
+        else:  # an unknown token starts a word
+            is_subword = token_id != unk_id and _is_subword(text, token, start, end, word_aware)
         spans.append(TokenSpan(position, position + shift, word, start, end, is_subword, given_word))
     return spans
 
