@@ -31,7 +31,7 @@ import onnxruntime as ort
 from export.checkpoint import Checkpoint
 from export.errors import ExportError, first_line
 from export.validation import pad_rows
-from service.tasks import qa
+from service.tasks import ner, qa
 from service.tokenization import TextTokenizer
 
 PRIMARY_METRIC = {"classification": "accuracy", "ner": "f1", "qa": "f1"}
@@ -164,12 +164,12 @@ def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:
             extras.append(None)
         elif task == "ner":
             words, tags = example
-            text, spans, position = " ".join(words), [], 0
-            for word in words:
-                spans.append((position, position + len(word)))
-                position += len(word) + 1
-            encoded = tokenizer(text, truncation=True, max_length=checkpoint.max_length, return_offsets_mapping=True)
+            joined = ner.Words.join(words)  # the text the server tags for these words (is_split_into_words)
+            encoded = tokenizer(
+                joined.text, truncation=True, max_length=checkpoint.max_length, return_offsets_mapping=True
+            )
             golds.append(tags)
+            spans = list(zip(joined.starts, joined.ends, strict=True))
             extras.append(_first_token_of_words(spans, encoded["offset_mapping"]))
         else:
             question, context, answers = example
