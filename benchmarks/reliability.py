@@ -20,8 +20,9 @@ The model is the real MiniLM SST-2 checkpoint in ../shared/models, exported (fp3
 - hang: process mode (one front-end); an open loop at `fraction` x capacity for `seconds`, and a quarter of the way
   in the engine process is stopped (SIGSTOP: as a deadlock or a driver call that never returns). Reported: the
   answers due before the stop, while the engine was stuck, and after the first 200 that followed, by status; when
-  the launcher said it was stuck; the longest wait. Wanted: nothing waits for its deadline (no NO_ANSWER, no 504),
-  answers while stuck are 503, and every answer after the first 200 is 200.
+  the launcher said it was stuck; when /readyz (polled every 100 ms) said 503, and 200 again; the longest wait.
+  Wanted: nothing waits for its deadline (no NO_ANSWER, no 504), answers while stuck are 503, /readyz says 503
+  within --engine-silence-s, and every answer after the first 200 is 200.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -146,13 +148,42 @@ def hang(workdir: Path, fraction: float, seconds: float, server_args: list[str])
             asyncio.get_running_loop().call_later(stop_after_s, stop_engine)
             return await open_loop(host, port, requests, rate, seconds)
 
+        readiness: list[tuple[float, int]] = []
+        poller = threading.Thread(target=_poll_readiness, args=(server.url, seconds, readiness), daemon=True)
+        poller.start()
         result = asyncio.run(load())
+        poller.join()
         summary = {"offered_per_s": round(rate, 1), "seconds": seconds, "server_args": server_args}
         summary.update(_hang_outcome(result, stopped, server.log()))
+        summary.update(_readiness_outcome(readiness, stopped["perf"]))
         summary["server_alive"] = server.process.poll() is None
     finally:
         server.stop()
     return summary
+
+
+def _poll_readiness(url: str, seconds: float, out: list[tuple[float, int]]) -> None:
+    """(perf_counter, /readyz status) every 100 ms for `seconds`, a connection each; 0 for no answer in 2 s."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        started = time.perf_counter()
+        try:
+            status = httpx.get(url + "/readyz", headers={"connection": "close"}, timeout=2).status_code
+        except httpx.HTTPError:
+            status = 0
+        out.append((started, status))
+        time.sleep(max(0.0, 0.1 - (time.perf_counter() - started)))
+
+
+def _readiness_outcome(readiness: list[tuple[float, int]], stop: float) -> dict:
+    """When /readyz first said 503 after the stop, and 200 again after that, in seconds after the stop."""
+    after = [(at - stop, status) for at, status in readiness if at >= stop]
+    not_ready = next((at for at, status in after if status == 503), None)
+    ready_again = next((at for at, status in after if status == 200 and not_ready is not None and at > not_ready), None)
+    return {
+        "readyz_503_after_s": round(not_ready, 2) if not_ready is not None else None,
+        "readyz_200_again_after_s": round(ready_again, 2) if ready_again is not None else None,
+    }
 
 
 def _hang_outcome(result: OpenLoopResult, stopped: dict[str, float], log: str) -> dict:

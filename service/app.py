@@ -58,7 +58,11 @@ class ServerState:
     def __init__(self, settings: Settings, engine_socket: Path | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.engine: Engine = RemoteEngine(engine_socket) if engine_socket else LocalEngine(settings, self.metrics)
+        self.engine: Engine = (
+            RemoteEngine(engine_socket, settings.engine_silence_s)
+            if engine_socket
+            else LocalEngine(settings, self.metrics)
+        )
         self.registry = ModelRegistry(settings, self.metrics, self.engine)
         self.executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
         self.inference = Inference(settings, self.registry, self.engine, self.executor, self.metrics)
@@ -118,6 +122,8 @@ class ServerState:
             return unavailable(f"not ready: {stuck}")
         if not self.engine.connected:
             return unavailable("not ready: the engine is starting or restarting")
+        if silent := self.engine.unresponsive():
+            return unavailable(f"not ready: {silent}")
         if not registry.ready:
             return unavailable(f"not ready; loading: {', '.join(registry.loading) or 'none'}")
         ready = sorted(m.name for m in list(registry.models.values()) if m.status == "ready")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from service import protocol
+from service import probes, protocol
 from service.engine.batcher import Ticket
 from service.errors import DeadlineExceeded, EngineUnavailable
 from service.metrics import Metrics
@@ -37,6 +37,7 @@ class Engine(Protocol):
     def ready(self) -> bool: ...
     def states(self) -> dict[str, dict[str, Any]]: ...
     def stuck(self) -> str | None: ...
+    def unresponsive(self) -> str | None: ...
     def load(self) -> None: ...
     async def start(self, on_change: Callable[[], None]) -> None: ...
     async def infer(self, model: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]: ...
@@ -66,6 +67,10 @@ class LocalEngine:
     def stuck(self) -> str | None:
         return self.core.stuck()
 
+    def unresponsive(self) -> str | None:
+        """Never: this process's event loop is the engine's."""
+        return None
+
     def load(self) -> None:
         """Open the sessions (once). StartupError where a model fails and --load-failure is fail."""
         if not self.core.models:
@@ -91,16 +96,25 @@ class LocalEngine:
 
 class RemoteEngine:
     """An engine process behind a unix socket. Reconnects when it restarts; requests in flight meanwhile fail
-    with EngineUnavailable (503), and the models read as not ready until the new engine says they are."""
+    with EngineUnavailable (503), and the models read as not ready until the new engine says they are.
 
-    def __init__(self, path: Path) -> None:
+    An engine that is connected but silent (stopped, deadlocked, its event loop held) is not ready either: after
+    `silence_s` without a frame, not even its beat, its requests in flight fail with EngineUnavailable, and new
+    ones at once rather than queue behind it (and fill the admission gate, which would refuse the rest with 429),
+    until it speaks again or the launcher restarts it (--liveness-stall-s, 10 s by default)."""
+
+    def __init__(self, path: Path, silence_s: float) -> None:
         self.path = path
+        self.silence_s = silence_s
+        self._frames = 0  # frames read: the watch compares counts, not clocks, on the hot path
+        self._heard_at = time.monotonic()
+        self._silent = False
         self._writer: protocol.FrameWriter | None = None
         self._states: dict[str, dict[str, Any]] = {}
         self._ready = False
         self._pending: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._on_change: Callable[[], None] = lambda: None
 
     @property
@@ -118,23 +132,33 @@ class RemoteEngine:
         """Not judged here: the launcher watches the engine process's own verdict and restarts a stuck one."""
         return None
 
+    def unresponsive(self) -> str | None:
+        if not self._silent:
+            return None
+        silent = time.monotonic() - self._heard_at
+        return f"the engine has not been heard from for {silent:.1f} s (--engine-silence-s {self.silence_s:g})"
+
     def load(self) -> None:
         """Nothing to load here: the engine process opens the sessions."""
 
     async def start(self, on_change: Callable[[], None]) -> None:
         self._on_change = on_change
-        self._task = asyncio.create_task(self._stay_connected(), name="engine-connection")
+        self._tasks = [
+            asyncio.create_task(self._stay_connected(), name="engine-connection"),
+            asyncio.create_task(self._watch_silence(), name="engine-silence"),
+        ]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def infer(self, model: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]:
         writer = self._writer
         if writer is None:
             raise EngineUnavailable("the engine is not connected (starting or restarting); try again shortly")
+        if self._silent:
+            raise EngineUnavailable(f"{self.unresponsive()}; try again shortly")
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
@@ -190,9 +214,10 @@ class RemoteEngine:
             finally:
                 self._writer = None
                 self._ready = False
+                self._silent = False  # not connected says itself
                 self._states = {}
                 writer.close()
-                self._fail_pending()
+                self._fail_pending("the engine stopped while this request was in flight; try again shortly")
                 self._on_change()
             if not announced:
                 log.error("lost the engine; requests in flight answered 503; reconnecting")
@@ -202,6 +227,7 @@ class RemoteEngine:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while True:
             frame = await protocol.read_frame(reader)
+            self._frames += 1
             op = frame.header.get("op")
             if op == "state":
                 self._states = frame.header["models"]
@@ -212,10 +238,30 @@ class RemoteEngine:
                 if future is not None and not future.done():
                     future.set_result(frame)
 
-    def _fail_pending(self) -> None:
+    async def _watch_silence(self) -> None:
+        """Every beat of this process's own loop: silent once no frame came for `silence_s` of ticks. Counted in
+        ticks, so a front-end whose own loop was held (frames unread in the socket) does not blame the engine."""
+        quiet_ticks, frames = 0, self._frames
+        while True:
+            await asyncio.sleep(probes.HEARTBEAT_S)
+            if self._frames != frames or self._writer is None:
+                frames, quiet_ticks, self._heard_at = self._frames, 0, time.monotonic()
+                if self._silent:
+                    log.warning("the engine is heard from again")
+                self._silent = False
+                continue
+            quiet_ticks += 1
+            silent = quiet_ticks * probes.HEARTBEAT_S >= self.silence_s
+            if silent and not self._silent:
+                self._silent = True
+                why = self.unresponsive()
+                log.error("%s; its %d requests in flight and new ones get 503 until it is", why, len(self._pending))
+                for request_id in self._pending:  # where it wakes up, it drops what it has not run
+                    self._cancel(request_id)
+                self._fail_pending(f"{why} while this request was in flight; try again shortly")
+
+    def _fail_pending(self, message: str) -> None:
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(
-                    EngineUnavailable("the engine stopped while this request was in flight; try again shortly")
-                )
+                future.set_exception(EngineUnavailable(message))
         self._pending.clear()

@@ -10,6 +10,7 @@ Front-end -> engine:
   {"op": "cancel", "id": N}   the client went away: drop the rows not run yet
 Engine -> front-end:
   {"op": "state", "ready": BOOL, "models": {NAME: {...}}}   on connect and whenever a model's state changes
+  {"op": "beat"}   every 0.2 s: the engine's event loop runs (a front-end that hears nothing calls it silent)
   {"op": "result", "id": N, "timings": {...}}  + one array per output: (rows, labels) for a classification model,
       per-token outputs with every row's tokens concatenated (lengths as sent)
   {"op": "error", "id": N, "kind": CLASS, "message": TEXT, "field": FIELD}   a domain error, re-raised as such

@@ -68,6 +68,14 @@ class Settings(BaseSettings):
     frontends: int = Field(
         0, ge=0, le=64, description="front-end processes sharing the port in process mode; 0: 3/4 of the cores, 1-12"
     )
+    engine_silence_s: float = Field(
+        2.0,
+        ge=1.0,
+        le=3600,
+        description="process mode: a front-end that has heard nothing from the engine for this long (it beats "
+        "every 0.2 s, whatever its load) reports not ready and answers its requests in flight with the engine, and "
+        "new ones at once, 503, until the engine speaks again or the launcher restarts it (--liveness-stall-s)",
+    )
     shape_buckets: Literal["auto", "on", "off"] = Field(
         "auto",
         description="pad batches to a grid of shapes (rows to a power of two, width by --bucket-width-step), each "

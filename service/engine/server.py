@@ -1,8 +1,9 @@
 """The engine process: an EngineCore behind a unix socket that front-end processes connect to.
 
 `python -m service.engine --socket PATH` (settings from BERTSERVE_* variables, as the launcher passes them).
-Every connection gets the models' state at once and again on every change; requests run concurrently, each
-answered by id in whatever order they finish. A connection that closes cancels its requests.
+Every connection gets the models' state at once and again on every change, and a beat every HEARTBEAT_S (how a
+front-end tells an engine that is stuck from one that is busy); requests run concurrently, each answered by id in
+whatever order they finish. A connection that closes cancels its requests.
 """
 
 from __future__ import annotations
@@ -40,16 +41,20 @@ class EngineServer:
         self._writers: set[protocol.FrameWriter] = set()
         self._server: asyncio.AbstractServer | None = None
         self._requests: set[asyncio.Task] = set()
+        self._beat: asyncio.Task | None = None
         core.on_change = self._broadcast_state
 
     async def start(self) -> None:
         self.path.unlink(missing_ok=True)
         self._server = await asyncio.start_unix_server(self._connection, path=str(self.path))
+        self._beat = asyncio.create_task(self._keep_beating(), name="beat")
 
     async def stop(self) -> None:
         """No new connections; requests in flight finish and are answered; then the sessions close."""
         if self._server is not None:
             self._server.close()
+        if self._beat is not None:
+            self._beat.cancel()
         if self._requests:
             await asyncio.gather(*self._requests, return_exceptions=True)
         await self.core.stop()
@@ -61,9 +66,17 @@ class EngineServer:
         return protocol.encode({"op": "state", "ready": self.core.warmed_up, "models": self.core.states()})
 
     def _broadcast_state(self) -> None:
-        frame = self._state()
+        self._broadcast(self._state())
+
+    def _broadcast(self, frame: bytes) -> None:
         for writer in self._writers:
             writer.write(frame)
+
+    async def _keep_beating(self) -> None:
+        beat = protocol.encode({"op": "beat"})
+        while True:
+            await asyncio.sleep(probes.HEARTBEAT_S)
+            self._broadcast(beat)
 
     async def _connection(self, reader: asyncio.StreamReader, stream: asyncio.StreamWriter) -> None:
         writer = protocol.FrameWriter(stream)

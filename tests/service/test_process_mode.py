@@ -170,6 +170,44 @@ def test_an_engine_that_hangs_is_killed_and_restarted(tiny_repository: Path, ser
     assert server.log().count("is stuck") == 1  # the new engine, loading and then serving, is not
 
 
+def test_a_silent_engine_makes_the_front_ends_not_ready_and_refuse_at_once(tiny_repository: Path, server_factory):
+    """An engine that stops answering (SIGSTOP), well before the launcher's stall bound: after --engine-silence-s
+    every front-end reports not ready (/readyz 503 with the reason) and answers 503, the request in flight with the
+    engine and new ones at once, rather than holding them until the engine is killed or refusing them with 429 at
+    its admission gate; /livez stays 200 (the front-end itself is fine). Once the engine speaks again: ready and
+    answering, nothing restarted."""
+    flags = ("--liveness-stall-s", "120", "--engine-silence-s", "1", "--request-timeout-s", "60")
+    server = server_factory(tiny_repository, *PROCESS, *flags)
+    assert wait_for(lambda: server.log().count("Application startup complete") == 2), server.log()
+    silent = engine_pids(server.log())[-1]
+
+    def readiness() -> list[tuple[int, str]]:  # a connection each: both front-ends answer some
+        answers = [httpx.get(server.url + "/readyz", headers={"connection": "close"}) for _ in range(12)]
+        return [(answer.status_code, answer.json().get("error", "")) for answer in answers]
+
+    assert wait_for(lambda: {status for status, _ in readiness()} == {200}), server.log()
+    os.kill(silent, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        in_flight = httpx.post(server.url + "/v1/models/bert-classification/classify", json={"inputs": ["ok"]})
+        assert in_flight.status_code == 503 and time.monotonic() - started < 5, in_flight.text
+        assert "--engine-silence-s 1) while this request was in flight" in in_flight.json()["error"]
+        assert wait_for(lambda: {status for status, _ in readiness()} == {503}, timeout=10), server.log()
+        assert all("not ready: the engine has not been heard from for" in why for _, why in readiness())
+        started = time.monotonic()
+        response = httpx.post(server.url + "/v1/models/bert-classification/classify", json={"inputs": ["ok"]})
+        assert response.status_code == 503 and time.monotonic() - started < 2, response.text
+        assert response.json()["error_type"] == "unavailable" and "--engine-silence-s 1" in response.json()["error"]
+        assert response.headers["retry-after"] == "1"
+        assert httpx.get(server.url + "/livez").status_code == 200
+    finally:
+        os.kill(silent, signal.SIGCONT)
+    assert wait_for(lambda: {status for status, _ in readiness()} == {200}), server.log()
+    assert all("results" in answer for answer in ask_everything(server.url))
+    assert engine_pids(server.log()) == [silent] and "is stuck" not in server.log()
+    assert server.log().count("the engine is heard from again") == 2, server.log()
+
+
 def test_a_front_end_that_hangs_is_killed_and_restarted(tiny_repository: Path, server_factory) -> None:
     """A hung front-end still owns its share of the port: the kernel hands it new connections that nobody answers.
     The launcher kills it once its state file is stale, the restart takes its place, and every request is served."""

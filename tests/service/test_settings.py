@@ -45,6 +45,7 @@ def test_cpu_streams_default_to_two_where_there_are_two_threads() -> None:
         ({"max_qa_windows": 0}, "greater than or equal to 1"),
         ({"release_memory_idle_s": -1}, "greater than or equal to 0"),
         ({"cpu_streams": 3, "threads": 2}, "each stream needs a thread of its own"),
+        ({"engine_silence_s": 0.5}, "greater than or equal to 1"),  # 0.2 s beats: a busy engine would flap
     ],
 )
 def test_unsafe_values_are_refused(values: dict, message: str) -> None:
