@@ -31,6 +31,7 @@ from service.metrics import Metrics
 from service.middleware import (
     AdmissionMiddleware,
     BodyLimitMiddleware,
+    HeadAsGetMiddleware,
     JsonCorsMiddleware,
     JsonOnlyMiddleware,
     MetricsMiddleware,
@@ -160,11 +161,12 @@ class ServerState:
 
 
 class BertServeApp(FastAPI):
-    """FastAPI with one layer outside all of Starlette's, its 500 handler included: every response, whatever
-    answered it, carries the request's id, and every request gets its access line (`service.logs`)."""
+    """FastAPI with layers outside all of Starlette's, its 500 handler included: every response, whatever answered
+    it, carries the request's id, and every request gets its access line (`service.logs`); HEAD is answered as GET
+    without the body."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return RequestContextMiddleware(super().build_middleware_stack())
+        return RequestContextMiddleware(HeadAsGetMiddleware(super().build_middleware_stack()))
 
     def openapi(self) -> dict[str, Any]:
         """FastAPI's schema of the mounted routes and of the inference routes, which are plain Starlette routes

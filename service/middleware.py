@@ -46,6 +46,20 @@ def is_inference(path: str) -> bool:
     return len(parts) == 5 and parts[1:3] == ["v1", "models"] and parts[4] in INFERENCE_ENDPOINTS
 
 
+class HeadAsGetMiddleware:
+    """HEAD is GET without the body (RFC 9110 9.3.2: every general-purpose server supports both; uptime checkers and
+    load balancers send it to the probes). The app answers it as a GET; the HTTP protocol, whose scope still says
+    HEAD, writes the headers (content-length included) and drops the body."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await self.app(scope, receive, send)
+
+
 class JsonOnlyMiddleware:
     """415 for an inference request whose body says it is not JSON (a form, text): the usual mistake is curl -d
     without a Content-Type header, and without this it is a puzzling 422. No Content-Type at all reads as JSON."""

@@ -175,6 +175,9 @@ def serve_probes(sock: socket.socket, state: StateFile, stall_s: float) -> Threa
     class Handler(BaseHTTPRequestHandler):
         timeout = 5  # a probe that sends nothing holds its thread no longer than this
 
+        def do_HEAD(self) -> None:
+            self.do_GET()
+
         def do_GET(self) -> None:
             live, ready = verdicts(state.read(), stall_s)
             path = self.path.split("?", 1)[0]
@@ -190,7 +193,8 @@ def serve_probes(sock: socket.socket, state: StateFile, stall_s: float) -> Threa
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            if self.command != "HEAD":
+                self.wfile.write(data)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

@@ -33,6 +33,30 @@ def test_a_server_answers_probes_on_its_probe_port(tiny_repository: Path, server
     assert "probes on http://127.0.0.1:" in server.log()
 
 
+def test_head_is_answered_as_get_without_a_body_on_both_ports(tiny_repository: Path, server_factory) -> None:
+    """HEAD (uptime checkers and load balancers send it) gets GET's status and headers, and no body; a keep-alive
+    connection goes on after it."""
+    probe_port = free_port()
+    server = server_factory(tiny_repository, "--models", "bert-classification", "--probe-port", str(probe_port))
+    with httpx.Client(base_url=server.url) as client:  # one connection for all: the bodies left out leave it sound
+        for path in ("/livez", "/readyz", "/v1/models", "/v1/models/bert-classification", "/metrics", "/docs"):
+            got, head = client.get(path), client.head(path)
+            assert (head.status_code, head.content) == (got.status_code, b""), path
+            assert head.headers["content-type"] == got.headers["content-type"], path
+            if path != "/metrics":  # its counters move between the two requests
+                assert head.headers["content-length"] == got.headers["content-length"], path
+        refused = client.head("/v1/models/bert-classification/classify")
+        assert (refused.status_code, refused.headers["allow"], refused.content) == (405, "POST", b"")
+        assert client.post("/v1/models/bert-classification/classify", json={"inputs": ["ok"]}).status_code == 200
+    for path in ("/livez", "/readyz"):
+        got, head = (
+            httpx.get(f"http://127.0.0.1:{probe_port}{path}"),
+            httpx.head(f"http://127.0.0.1:{probe_port}{path}"),
+        )
+        assert (head.status_code, head.content) == (200, b"") and got.status_code == 200, path
+        assert head.headers["content-length"] == got.headers["content-length"] == str(len(got.content)), path
+
+
 def test_the_probe_port_is_ready_as_soon_as_the_main_port_is(tiny_repository: Path, monkeypatch) -> None:
     """A verdict that changes is written at once, not at the next heartbeat: once the main port has said ready,
     the probe port says so too (CI once caught the probe port 503 right after the main port's 200)."""
