@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from starlette import types
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
@@ -51,10 +52,10 @@ class HeadAsGetMiddleware:
     load balancers send it to the probes). The app answers it as a GET; the HTTP protocol, whose scope still says
     HEAD, writes the headers (content-length included) and drops the body."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: types.ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: types.Scope, receive: types.Receive, send: types.Send) -> None:
         if scope["type"] == "http" and scope["method"] == "HEAD":
             scope = {**scope, "method": "GET"}
         await self.app(scope, receive, send)
