@@ -10,7 +10,9 @@
   (A hung front-end still holds its share of the port's new connections: the kernel keeps handing them to its
   listening socket.)
 - SIGTERM/SIGINT: the front-ends drain first (stop admitting, finish in-flight requests), then the engine stops.
-- Metrics: every process writes to one PROMETHEUS_MULTIPROC_DIR; any front-end's /metrics is the merged view.
+- Metrics: every process writes to one PROMETHEUS_MULTIPROC_DIR; any front-end's /metrics is the merged view. The
+  launcher writes there too: `bertserve_process_restarts_total{process, reason}` (engine or front-end; exited or
+  stuck), every series there from the start at 0, so that the first restart is an increase an alert can see.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client import Counter, values
 from prometheus_client.multiprocess import mark_process_dead
 
 from service.metrics import MULTIPROCESS_DIR
@@ -66,9 +69,11 @@ class Child:
     started: float = 0.0
     quick_exits: int = 0
     pids: list[int] = field(default_factory=list)
+    killed_as_stuck: bool = False  # the exit that follows is the launcher's kill: counted as "stuck"
 
     def start(self, env: dict[str, str]) -> None:
         self.heartbeat.path.unlink(missing_ok=True)  # an earlier process's state does not stand for this one
+        self.killed_as_stuck = False
         self.process = subprocess.Popen([*self.command, "--heartbeat", str(self.heartbeat.path)], env=env)
         self.started = time.monotonic()
         self.pids.append(self.process.pid)
@@ -102,6 +107,25 @@ class Child:
             return self.process.wait(5)
 
 
+def restart_counter(metrics_dir: Path) -> Counter:
+    """The launcher's one metric, written to the children's multiprocess directory (a file of this process's own,
+    merged into every front-end's /metrics). prometheus_client picks multiprocess values from the environment at
+    import, before this process knew the directory: chosen here by hand."""
+    os.environ[MULTIPROCESS_DIR] = str(metrics_dir)
+    values.ValueClass = values.MultiProcessValue()
+    restarts = Counter(
+        "bertserve_process_restarts",
+        "Processes the process-mode launcher restarted: the engine or a front-end; it exited, or it was stuck and "
+        "killed (the launcher's log says why).",
+        ["process", "reason"],
+        registry=None,
+    )
+    for process in ("engine", "front-end"):
+        for reason in ("exited", "stuck"):
+            restarts.labels(process, reason)
+    return restarts
+
+
 class Launcher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -109,6 +133,7 @@ class Launcher:
         metrics_dir = self.workdir / "metrics"
         metrics_dir.mkdir()
         self.metrics_dir = metrics_dir
+        self.restarts = restart_counter(metrics_dir)
         self.socket_path = self.workdir / "engine.sock"
         # several front-ends share the cores: the tokenizers library's own thread pool in each would only fight
         self.env = {
@@ -197,6 +222,7 @@ class Launcher:
                 if code is None and not self.stopping and (why := child.stuck(self.settings.liveness_stall_s)):
                     log.error("%s (pid %d) is stuck: %s; killing it", child.name, child.pids[-1], why)
                     child.heartbeat.path.unlink(missing_ok=True)  # judged once: the kill takes a moment to show
+                    child.killed_as_stuck = True
                     child.signal(signal.SIGKILL)  # and the next round restarts it, as one that died
                 if code is None or self.stopping:
                     continue
@@ -209,6 +235,8 @@ class Launcher:
                     return 1
                 if child is self.engine:
                     self.socket_path.unlink(missing_ok=True)
+                role = "engine" if child is self.engine else "front-end"
+                self.restarts.labels(role, "stuck" if child.killed_as_stuck else "exited").inc()
                 child.start(self.env)
         return 0
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.service.conftest import wait_for
 from tests.service.test_scheduling import metric, sigterm_during_burst
@@ -46,6 +47,20 @@ def scores_close(got: object, want: object) -> bool:
     if isinstance(got, float) and isinstance(want, float):
         return abs(got - want) < 1e-5
     return got == want
+
+
+def restarts(server) -> dict[tuple[str, str], float]:
+    """bertserve_process_restarts_total by (process, reason), as a front-end's /metrics shows them."""
+    families = text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+    return {
+        (sample.labels["process"], sample.labels["reason"]): sample.value
+        for family in families
+        for sample in family.samples
+        if sample.name == "bertserve_process_restarts_total"
+    }
+
+
+NO_RESTARTS = {(process, reason): 0.0 for process in ("engine", "front-end") for reason in ("exited", "stuck")}
 
 
 def engine_pids(log: str) -> list[int]:
@@ -98,6 +113,7 @@ def test_an_engine_that_dies_is_restarted_and_its_requests_get_503(tiny_reposito
     # a queue bound far above the work sent: every request is admitted, on however busy a machine
     server = server_factory(tiny_repository, *PROCESS, "--max-batch-size", "1", "--max-queue-s", "25")
     first_engine = engine_pids(server.log())[-1]
+    assert restarts(server) == NO_RESTARTS  # there from the start: the first restart is an increase
     outcomes: list[tuple[int, str]] = []
     lock = threading.Lock()
 
@@ -126,6 +142,7 @@ def test_an_engine_that_dies_is_restarted_and_its_requests_get_503(tiny_reposito
     assert "exited with -9; restarting it" in server.log()
     answers = ask_everything(server.url)
     assert all("results" in answer for answer in answers), (answers, server.log())
+    assert restarts(server) == {**NO_RESTARTS, ("engine", "exited"): 1.0}
 
 
 def test_a_request_that_arrives_while_the_engine_restarts_waits_for_it(tiny_repository: Path, server_factory):
@@ -168,6 +185,7 @@ def test_an_engine_that_hangs_is_killed_and_restarted(tiny_repository: Path, ser
     answers = ask_everything(server.url)
     assert all("results" in answer for answer in answers), (answers, server.log())
     assert server.log().count("is stuck") == 1  # the new engine, loading and then serving, is not
+    assert restarts(server) == {**NO_RESTARTS, ("engine", "stuck"): 1.0}  # killed, and not counted again as exited
 
 
 def test_a_silent_engine_makes_the_front_ends_not_ready_and_refuse_at_once(tiny_repository: Path, server_factory):
@@ -205,6 +223,7 @@ def test_a_silent_engine_makes_the_front_ends_not_ready_and_refuse_at_once(tiny_
     assert wait_for(lambda: {status for status, _ in readiness()} == {200}), server.log()
     assert all("results" in answer for answer in ask_everything(server.url))
     assert engine_pids(server.log()) == [silent] and "is stuck" not in server.log()
+    assert restarts(server) == NO_RESTARTS
     assert server.log().count("the engine is heard from again") == 2, server.log()
 
 
@@ -227,6 +246,7 @@ def test_a_front_end_that_hangs_is_killed_and_restarted(tiny_repository: Path, s
 
     with ThreadPoolExecutor(8) as pool:  # at once: a new front-end's connections wait for its start, not refused
         assert list(pool.map(ask, range(32))) == [200] * 32
+    assert restarts(server) == {**NO_RESTARTS, ("front-end", "stuck"): 1.0}
 
 
 def test_sigterm_drains_the_front_ends_then_stops_the_engine(tiny_repository: Path, server_factory) -> None:
