@@ -42,15 +42,22 @@ def wait_for(url: str, expression: str, timeout: float = 60) -> list[dict]:
 
 @contextmanager
 def running_prometheus(
-    targets: list[str], workdir: Path, labels: dict[str, str] | None = None, job: str = "bertserve"
+    targets: list[str],
+    workdir: Path,
+    labels: dict[str, str] | None = None,
+    job: str = "bertserve",
+    rule_files: list[Path] | None = None,
 ) -> Iterator[str]:
-    """Prometheus scraping `targets` (host:port) every second, their series carrying `labels`; yields its URL."""
+    """Prometheus scraping `targets` (host:port) every second, their series carrying `labels`, evaluating
+    `rule_files` every second; yields its URL."""
     assert PROMETHEUS is not None
     static = {"targets": targets, **({"labels": labels} if labels else {})}
     config = workdir / "prometheus.yml"
+    rules = f"rule_files: {_flow([str(path) for path in rule_files])}\n" if rule_files else ""
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: {job}\n    static_configs: [{_flow(static)}]\n"
+        + rules
+        + f"scrape_configs:\n  - job_name: {job}\n    static_configs: [{_flow(static)}]\n"
     )
     port = free_port()
     log_path = workdir / "prometheus.log"
@@ -70,6 +77,13 @@ def running_prometheus(
         finally:
             process.terminate()
             process.wait(30)
+
+
+def firing(url: str) -> list[dict]:
+    """The alerts firing now: their labels."""
+    response = httpx.get(f"{url}/api/v1/alerts", timeout=5)
+    response.raise_for_status()
+    return [alert["labels"] for alert in response.json()["data"]["alerts"] if alert["state"] == "firing"]
 
 
 def log_tail(workdir: Path) -> str:

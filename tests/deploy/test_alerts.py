@@ -4,8 +4,12 @@ Prometheus and in the Kubernetes PrometheusRule."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +20,7 @@ from benchmarks.scrape import scrape
 from benchmarks.serving import ServiceProcess, start_service
 from tests.deploy.manifests import ROOT, of_kind
 from tests.deploy.test_policy import metric_names
+from tests.prometheus_server import firing, log_tail, needs_prometheus, running_prometheus, wait_for
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 ALERTS = PROMETHEUS_DIR / "alerts.yml"
@@ -86,7 +91,7 @@ def test_the_kubernetes_rule_carries_the_same_groups(rendered: dict[str, list[di
         assert rule["metadata"]["labels"]["release"] == monitor["metadata"]["labels"]["release"], overlay
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def process_mode_server(deploy_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     """Process mode exports every series in-process mode does, and the launcher's restarts."""
     log_path = tmp_path_factory.mktemp("alerts-server") / "server.log"
@@ -106,3 +111,25 @@ def test_the_rules_use_series_a_server_exports(process_mode_server: ServiceProce
         assert names <= exported, (rule["alert"], sorted(names - exported))
     used = set().union(*(metric_names(rule["expr"]) for rule in alerts()))
     assert "bertserve_process_restarts_total" in used and "bertserve_requests_total" in used
+
+
+@needs_prometheus
+def test_a_real_prometheus_fires_the_restart_alert_when_the_engine_dies(
+    process_mode_server: ServiceProcess, tmp_path: Path
+) -> None:
+    """The whole path: the launcher's counter, merged into a front-end's /metrics, scraped, and the rule evaluated.
+    Quiet while nothing restarts; firing, with the process and the reason, once the engine is killed."""
+    target = process_mode_server.url.removeprefix("http://")
+    with running_prometheus([target], tmp_path, rule_files=[ALERTS]) as url:
+        assert wait_for(url, 'bertserve_process_restarts_total{process="engine", reason="exited"} == 0')
+        time.sleep(3)  # a few evaluations over the series at 0
+        assert not [alert for alert in firing(url) if alert["alertname"] == "BertserveProcessRestarts"]
+        (engine,) = re.findall(r"engine started \(pid (\d+)\)", process_mode_server.log())
+        os.kill(int(engine), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        fired: list[dict] = []
+        while not fired and time.monotonic() < deadline:
+            time.sleep(1)
+            fired = [alert for alert in firing(url) if alert["alertname"] == "BertserveProcessRestarts"]
+        assert fired, log_tail(tmp_path) + process_mode_server.log()[-2000:]
+        assert [(a["process"], a["reason"], a["instance"]) for a in fired] == [("engine", "exited", target)]
