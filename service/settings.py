@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from service.cpus import available_cpus
 
 ENV_PREFIX = "BERTSERVE_"
 
@@ -51,7 +52,13 @@ class Settings(BaseSettings):
         description="variant on the CPU provider; auto: int8 (static, batch-invariant) where the export measured it "
         "within its accuracy budget (--eval), else fp32; int8-dynamic answers may move with the batch make-up",
     )
-    threads: int = Field(0, ge=0, le=256, description="intra-op threads per session; 0: one per core")
+    threads: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="intra-op threads per session; 0: one per CPU this process may use (its CPU affinity, capped by "
+        "its cgroup's CPU quota: docker run --cpus, a Kubernetes CPU limit)",
+    )
     cpu_streams: int = Field(
         0,
         ge=0,
@@ -66,7 +73,11 @@ class Settings(BaseSettings):
         "per device; in-process: one process does all; auto: process where a GPU is used, in-process on the CPU",
     )
     frontends: int = Field(
-        0, ge=0, le=64, description="front-end processes sharing the port in process mode; 0: 3/4 of the cores, 1-12"
+        0,
+        ge=0,
+        le=64,
+        description="front-end processes sharing the port in process mode; 0: 3/4 of the CPUs this process may use "
+        "(as for --threads), 1-12",
     )
     engine_silence_s: float = Field(
         2.0,
@@ -265,7 +276,7 @@ class Settings(BaseSettings):
 
     @property
     def session_threads(self) -> int:
-        return self.threads or (os.cpu_count() or 1)
+        return self.threads or available_cpus()
 
     @property
     def cpu_stream_count(self) -> int:
@@ -304,7 +315,7 @@ class Settings(BaseSettings):
     @property
     def frontend_count(self) -> int:
         # measured on 16 cores (H100): 12 front-ends 6.5k 1-input requests/s, 8 front-ends 5.5k
-        return self.frontends or max(1, min(12, (os.cpu_count() or 1) * 3 // 4))
+        return self.frontends or max(1, min(12, available_cpus() * 3 // 4))
 
 
 for _name, _field in Settings.model_fields.items():

@@ -69,7 +69,14 @@ class EngineCore:
                     raise StartupError(f"model {model.name} failed to load: {model.error}") from exc
                 continue
             runtime = model.runtime
-            log.info("model %s: %s (%s)", model.name, runtime.provider, runtime.variant)
+            log.info(
+                "model %s: %s (%s); %d stream(s) of %d intra-op thread(s)",
+                model.name,
+                runtime.provider,
+                runtime.variant,
+                runtime.streams,
+                runtime.intra_op_threads,
+            )
             if runtime.placement.note:
                 log.warning("model %s: %s", model.name, runtime.placement.note)
             self.metrics.model_info.labels(

@@ -125,7 +125,7 @@ class ModelRuntime:
         # On CUDA too: one non-spinning intra-op thread was measured 8% slower per batch on an H100 (16 cores) and
         # no faster end to end than one per core, so the CPU and CUDA sessions take the same thread settings. On the
         # CPU the threads are shared out between the streams, which call this one session at once.
-        options.intra_op_num_threads = max(1, settings.session_threads // self.streams)
+        options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.log_severity_level = 3
@@ -149,6 +149,11 @@ class ModelRuntime:
     def streams(self) -> int:
         """Batches run at once on this session: --cpu-streams on the CPU; one on CUDA (one device, one stream)."""
         return self.settings.cpu_stream_count if self.provider == CPU else 1
+
+    @property
+    def intra_op_threads(self) -> int:
+        """Each stream's share of --threads (by default the CPUs this process may use, service.cpus)."""
+        return max(1, self.settings.session_threads // self.streams)
 
     @property
     def variant(self) -> str:

@@ -553,7 +553,11 @@ def check_gpu_fallback(image: str, repository: Path, expected_models: list[str])
     port = free_port()
     remove(name)
     try:
-        docker("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8000", "-v", f"{repository}:/models:ro", image)
+        # --cpus 1: the server sizes its threads by the container's CPU quota, not the host's cores (service/cpus.py)
+        docker(
+            "run", "-d", "--name", name, "--cpus", "1", "-p", f"127.0.0.1:{port}:8000",
+            "-v", f"{repository}:/models:ro", image,
+        )  # fmt: skip
         ready = wait_ready(port, name)
         status, _, body = request(port, "GET", "/v1/models")
         check(status == 200, f"/v1/models: {status}")
@@ -567,6 +571,8 @@ def check_gpu_fallback(image: str, repository: Path, expected_models: list[str])
         note = next(iter(models.values()))["note"]
         log = logs(name)
         check("WARNING" in log and "running on the CPU" in log, f"no fallback warning in the log:\n{log[-2000:]}")
+        threads = re.findall(r"; (\d+) stream\(s\) of (\d+) intra-op thread\(s\)", log)
+        check(threads and set(threads) == {("1", "1")}, f"under --cpus 1 the sessions took {threads}:\n{log[-2000:]}")
         first = sorted(models)[0]
         if models[first]["task"] == "classification":
             status, _, body = request(port, "POST", f"/v1/models/{first}/classify", CLASSIFY)
@@ -576,7 +582,10 @@ def check_gpu_fallback(image: str, repository: Path, expected_models: list[str])
             label = "-"
         contents = check_image_contents(name, image, ["gpu"], torch=False)
         docker("stop", "-t", "30", name, timeout=120)
-        return f"ready in {ready:.1f} s on the CPU, top label {label!r}; note: {note}; {contents}"
+        return (
+            f"ready in {ready:.1f} s on the CPU, top label {label!r}; under --cpus 1, 1 stream of 1 intra-op thread "
+            f"per model; note: {note}; {contents}"
+        )
     finally:
         remove(name)
 

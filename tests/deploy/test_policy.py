@@ -154,7 +154,7 @@ def test_resources_are_set_and_threads_match_the_cpu_limit(rendered) -> None:
                 assert resources["requests"][kind] == resources["limits"][kind], (name, owner, container["name"])
         server = serving_container(pod)
         env = environment(server, docs)
-        # threads=0 means one per core of the node, not of the pod's CPU share.
+        # threads=0 follows the pod's CPU quota, but would mean one per core of the node were the limit taken away.
         assert 0 < int(env["BERTSERVE_THREADS"]) <= quantity(server["resources"]["limits"]["cpu"]), (name, owner)
 
 
