@@ -11,7 +11,9 @@
   the request gets `DeadlineExceeded` and its rows that have not run are dropped. Rows of requests whose client
   went away (ticket cancelled) are dropped too.
 - The runner runs on worker threads of its own (one per stream), so the event loop never blocks; while the
-  streams are busy, the next batch queues. A runner failure fails each request of that batch with
+  streams are busy, the next batch queues. The batch is padded (`prepare`) on a thread of its own, which queues
+  it on the device thread itself. With one stream (CUDA), the next batch is taken just before the running one is
+  due to end, so that it is there when the device is free. A runner failure fails each request of that batch with
   `InferenceFailed`; the loop goes on.
 - `streams` batches run at once (default 1). On a CPU, two streams with half the threads each keep both cores in
   arithmetic where one small batch on two threads spends much of its time handing each operator's halves out and
@@ -27,7 +29,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,15 +37,22 @@ from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotR
 
 log = logging.getLogger("service.engine.batcher")
 _LENGTH = operator.attrgetter("length")
-_FAILED = object()  # a batch whose preparation failed: its requests are answered already
+# With one stream, the next batch is aimed to reach the device thread this long before the running one ends: late,
+# the device idles; early, the rows that arrive meanwhile wait for the batch after.
+EARLY_TAKE_SLACK_S = 0.0003
 
 
 @dataclass
 class _DeviceRun:
     outputs: Sequence[Any]  # empty where the run failed
     error: Exception | None
-    started: float  # time.monotonic() when the device thread began it
+    queued: float  # time.monotonic() when it was queued on the device thread
+    started: float  # ... when the device thread began it
     seconds: float
+
+    @property
+    def ended(self) -> float:
+        return self.started + self.seconds
 
 
 class Sized(Protocol):
@@ -169,6 +178,11 @@ class Batcher:
         self._runs: list[asyncio.Task] = []  # batches handed to the device threads, oldest first: _device_queue at most
         self._taken: list[_Item] = []  # the batch taken from the queue and being prepared, not on the device yet
         self._running_since: dict[int, float] = {}  # device thread -> when the batch it runs started
+        # One stream: the next batch is taken `_lead_s` before the running one is due to end (`_batch_s`, a running
+        # average), so that it is on the device thread by then; `_last_ended`: when the last batch ended.
+        self._batch_s: float | None = None
+        self._lead_s = 0.0
+        self._last_ended: float | None = None
 
     async def run_on_worker(self, work: Callable[[], Any]) -> Any:
         """Run `work` on a thread that runs the batches (warm-up must happen there: CUDA caches are per thread; CUDA
@@ -246,10 +260,11 @@ class Batcher:
     async def _loop(self) -> None:
         """Take a batch, prepare it (padding) while the previous batch still runs, and hand it to the device thread.
 
-        While a batch runs, the next one is taken early only when a full batch is already waiting; otherwise rows
-        keep gathering until the device is free, so batches stay as large as the load allows. A batch taken early
-        waits on the device thread itself, which starts it the moment the one before ends: the device does not
-        wait for this event loop, which under load is busy with every request's frames."""
+        While a batch runs, the next one is taken early when a full batch is already waiting, or, with one stream,
+        just before the running batch is due to end (learnt: `_learn_lead`); otherwise rows keep gathering, so
+        batches stay as large as the load allows. A batch taken early waits on the device thread itself, which
+        starts it the moment the one before ends: the device does not wait for this event loop, which under load
+        is busy with every request's frames."""
         while True:
             try:
                 await self._wait_for_work()
@@ -261,10 +276,8 @@ class Batcher:
                 batch = self._taken = self._take_batch()
                 if not batch:
                     continue
-                prepared = await self._prepared(batch)
-                if prepared is not _FAILED:
-                    # submitted now, not when a task first runs: the device thread queues it behind the batch on it
-                    device_run = asyncio.get_running_loop().run_in_executor(self._executor, self._on_device, prepared)
+                device_run = await self._hand_to_device(batch)
+                if device_run is not None:
                     self._runs.append(asyncio.get_running_loop().create_task(self._finish(batch, device_run)))
                 self._taken = []
             except asyncio.CancelledError:
@@ -282,9 +295,44 @@ class Batcher:
         return self._batches_on_device() >= self.streams
 
     async def _wait_for_full_batch_or_free_device(self) -> None:
+        """Until a full batch waits, the device is free, or (one stream) the running batch is about to end."""
         while self._device_busy() and not self._can_fill():
             self._wakeup.clear()
-            await self._wakeup.wait()
+            take_in = self._seconds_to_early_take()
+            if take_in is None:
+                await self._wakeup.wait()
+                continue
+            if take_in <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), take_in)
+            except TimeoutError:
+                return
+
+    def _seconds_to_early_take(self) -> float | None:
+        """With one stream: how long until the queued rows should be taken, so that their batch is on the device
+        thread when the running one ends (None: not now). Taken when the device is free instead, the batch waited
+        for this event loop to hear of it, take it and hand it over: under 1-input load on an H100 the device idled
+        longer between batches than it ran them."""
+        if self.streams != 1 or self._batch_s is None or not self._pending:
+            return None
+        started = list(self._running_since.values())
+        if not started:  # queued, not running yet: nothing is about to end
+            return None
+        return started[0] + self._batch_s - self._lead_s - time.monotonic()
+
+    def _learn_lead(self, run: _DeviceRun, batch: list[_Item]) -> None:
+        """After a batch (one stream), move the lead towards the point where the next batch reaches the device
+        thread just as the one before ends: later by how long it waited there, earlier by how long the device
+        idled while its rows were queued."""
+        if self._batch_s is None:
+            self._batch_s = run.seconds
+        self._batch_s += 0.2 * (run.seconds - self._batch_s)
+        previous, self._last_ended = self._last_ended, run.ended
+        if self.streams != 1 or previous is None or min(item.enqueued for item in batch) >= previous:
+            return  # no rows waited while the device was free: nothing to learn
+        error = EARLY_TAKE_SLACK_S + (run.started - previous if run.queued > previous else run.queued - previous)
+        self._lead_s = min(max(0.0, self._lead_s + 0.25 * error), self._batch_s)
 
     async def _wait_for_device_queue(self) -> None:
         """Until a batch could start next (fewer than one per stream and one behind them on the device threads): no
@@ -293,18 +341,31 @@ class Batcher:
             self._wakeup.clear()
             await self._wakeup.wait()
 
-    async def _prepared(self, batch: list[_Item]) -> Any:
+    async def _hand_to_device(self, batch: list[_Item]) -> asyncio.Future | None:
+        """Queue the batch on the device thread, prepared (padded) on the prepare thread first where there is a
+        `prepare`; the device's run as a future, or None where preparing failed (its requests are answered).
+
+        The prepare thread queues the batch on the device thread itself, the moment the padding is done: handed
+        back to this event loop first, the batch waited for it, and under load the loop is busy with every
+        request's frames while the device may be idle."""
         rows = [item.row for item in batch]
         if self._prepare is None:
-            return rows
+            return asyncio.wrap_future(self._executor.submit(self._on_device, rows, time.monotonic()))
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._prepare_executor, self._prepare, rows)
+            queued = await asyncio.wrap_future(self._prepare_executor.submit(self._prepare_and_queue, rows))
         except Exception:
             log.exception(
                 "batcher %s: preparing a batch of %d rows failed (requests %s)", self.name, len(batch), _ids(batch)
             )
             self._fail(batch)
-            return _FAILED
+            return None
+        return asyncio.wrap_future(queued)
+
+    def _prepare_and_queue(self, rows: list[Any]) -> Future[_DeviceRun]:
+        """On the prepare thread: pad the batch, then queue it on the device thread."""
+        assert self._prepare is not None
+        prepared = self._prepare(rows)
+        return self._executor.submit(self._on_device, prepared, time.monotonic())
 
     async def _wait_for_work(self) -> None:
         while not self._pending:
@@ -385,7 +446,7 @@ class Batcher:
         within_budget = self._padded_cost(count, width) <= self.max_batch_tokens
         return within_budget and width * count <= self.max_padding_ratio * real_tokens
 
-    def _on_device(self, prepared: Any) -> _DeviceRun:
+    def _on_device(self, prepared: Any, queued: float) -> _DeviceRun:
         """On the device thread: run one batch, timed there (queueing behind the batch before is not its time)."""
         started = time.monotonic()
         thread = threading.get_ident()
@@ -396,7 +457,7 @@ class Batcher:
             outputs, error = (), exc
         finally:
             del self._running_since[thread]
-        return _DeviceRun(outputs, error, started, time.monotonic() - started)
+        return _DeviceRun(outputs, error, queued, started, time.monotonic() - started)
 
     def device_busy_s(self) -> float:
         """How long the batch that has been on the device longest is running by now; 0 where none is."""
@@ -407,6 +468,7 @@ class Batcher:
         """Answer a batch's rows once the device thread has run it."""
         try:
             run: _DeviceRun = await device_run
+            self._learn_lead(run, batch)
             # The loop may be waiting for a free device: wake it before the rows' answers are queued on this event
             # loop, so that it hands the device its next batch first. Woken after them, it ran only once every
             # answer of the batch had been encoded (~80 at 1-input load on an H100), the device idle meanwhile.

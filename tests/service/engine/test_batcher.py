@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from dataclasses import dataclass
@@ -464,3 +465,66 @@ def test_a_batch_fills_its_bucket_before_a_nearer_row_widens_it() -> None:
     assert sorted(row.length for row in batches[0]) == [19, 20, 23, 24]
     assert observed[0][1] == 4 * 24  # the bucket's padded tokens: no row of 25 pulled it up to 32
     assert sorted(row.length for row in batches[1]) == [18, 25]
+
+
+class TimedRunner:
+    """Runs each batch for `seconds` and notes when, on the device thread's clock."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.spans: list[tuple[float, float]] = []  # (started, ended) per batch
+
+    def __call__(self, rows: list[FakeRow]) -> list[str]:
+        started = time.monotonic()
+        time.sleep(self.seconds)
+        self.spans.append((started, time.monotonic()))
+        return [f"out:{row.tag}" for row in rows]
+
+
+def test_a_prepared_batch_reaches_the_device_while_the_event_loop_is_busy() -> None:
+    """The prepare thread queues the padded batch on the device thread itself: the device does not wait for an event
+    loop busy with other work (an engine's loop, with every request's frames) to hand the batch over."""
+    loop_of: dict[str, asyncio.AbstractEventLoop] = {}
+    prepared_at: list[float] = []
+
+    def prepare(rows: list[FakeRow]) -> list[FakeRow]:
+        loop_of["loop"].call_soon_threadsafe(time.sleep, 0.5)  # the event loop is held for half a second
+        time.sleep(0.05)  # ... and is held by now
+        prepared_at.append(time.monotonic())
+        return rows
+
+    async def scenario(batcher, runner, _):
+        loop_of["loop"] = asyncio.get_running_loop()
+        return await batcher.submit(rows("a", [5]), Ticket.with_timeout(5))
+
+    runner = TimedRunner(0.01)
+    assert run(scenario, runner=runner, prepare=prepare, max_wait_s=0.0) == ["out:a0"]
+    assert runner.spans[0][0] - prepared_at[0] < 0.25  # handed back to the held loop first, it waited ~0.45 s
+
+
+def test_with_one_stream_the_next_batch_is_on_the_device_thread_when_the_running_one_ends() -> None:
+    """Rows arrive steadily, no batch fills, and handing a batch over takes 40 ms (padding here; on a GPU server,
+    mostly an event loop busy with frames). Taken once the device was free, every batch left the device idle that
+    long; the batcher learns to take it early enough that the device goes from one batch to the next."""
+
+    def prepare(rows: list[FakeRow]) -> list[FakeRow]:
+        time.sleep(0.04)
+        return rows
+
+    async def scenario(batcher, runner, _):
+        requests, until = [], time.monotonic() + 2.0
+        while time.monotonic() < until:
+            request = rows(f"r{len(requests)}-", [5])
+            requests.append(asyncio.create_task(batcher.submit(request, Ticket.with_timeout(10))))
+            await asyncio.sleep(0.01)
+        answers = await asyncio.gather(*requests)
+        assert answers == [[f"out:r{i}-0"] for i in range(len(requests))]
+        return until
+
+    runner = TimedRunner(0.1)
+    until = run(scenario, runner=runner, prepare=prepare, max_wait_s=0.0, max_batch_size=64, max_queue_rows=1000)
+    spans = runner.spans
+    # the gaps before the batches of the second second, while rows still came: the lead is learnt by then
+    gaps = [after[0] - before[1] for before, after in itertools.pairwise(spans) if until - 1 < after[0] < until]
+    assert len(gaps) >= 6
+    assert sorted(gaps)[len(gaps) // 2] < 0.02, gaps  # taken once the device was free: 0.04 s or more each
