@@ -18,7 +18,10 @@ figures: served 1-input and 16-input rates against the raw sorted batch-16 ceili
 
 On the GPU machine (see ../shared/tools/gpu_prep.sh), which has torch, transformers and onnx but not ../shared:
 carry a copy of ../shared/data/sst2 and ../shared/models/minilm-bert-sst2 (45 MiB) and point BERTSERVE_SHARED at
-it; the BERT-base build (about 220 MB of fp16 ONNX) happens there, in --workdir, and is reused by later runs.
+it, and the fastapi-offline wheel, which gpu_prep.sh does not bring (a server without it exits at start; the
+served parts say what is missing). The BERT-base build (about 220 MB of fp16 ONNX) happens there, in --workdir,
+and is reused by later runs: `--build-only --models bert-base` with only the MiniLM tokenizer files in
+BERTSERVE_SHARED builds it in a transfer of its own.
 
 Everything runs on 127.0.0.1; every load is bounded by --seconds; a part that would overrun --budget-s is
 skipped with a reason, and a part that fails is reported as failed, so that the table is always printed.
@@ -77,7 +80,16 @@ DEFAULTS = {  # per device: what a plain run does
     },
 }
 BUILD_NEEDS = ("torch", "transformers", "onnx", "onnxruntime")
-SERVE_NEEDS = ("onnxruntime", "tokenizers", "fastapi", "uvicorn", "pydantic", "pydantic_settings", "prometheus_client")
+SERVE_NEEDS = (
+    "onnxruntime",
+    "tokenizers",
+    "fastapi",
+    "fastapi_offline",  # the /docs assets; ../shared/tools/gpu_prep.sh does not bring it: carry its wheel
+    "uvicorn",
+    "pydantic",
+    "pydantic_settings",
+    "prometheus_client",
+)
 TABLE_RESERVE_S = 15.0  # kept back from the budget for the table and the report
 
 
@@ -286,6 +298,9 @@ def serve(
 ) -> dict:
     """Time to ready, then the 1-input and the 16-input loads, each with /metrics deltas and GPU samples."""
     per_case = args.warmup_seconds + args.seconds + 10
+    if missing := [m for m in SERVE_NEEDS if importlib.util.find_spec(m) is None]:
+        print(f"  not served: missing {', '.join(missing)}", flush=True)
+        return {"error": f"not served: missing {', '.join(missing)}"}
     if reason := budget.skip_reason(60 + per_case, "the served runs"):
         return {"error": reason}
     log = args.workdir / "logs" / f"{model.name}-service-{n}.log"
