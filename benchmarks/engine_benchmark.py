@@ -202,7 +202,7 @@ def measure(source: Path, args: argparse.Namespace, lengths: list[int]) -> dict:
             "BERTSERVE_CPU_STREAMS": "1",  # a GPU runs one batch at a time (checkouts before streams ignore it)
             "BERTSERVE_MAX_BATCH_SIZE": str(args.max_batch_size),
             "BERTSERVE_MAX_BATCH_TOKENS": str(args.max_batch_tokens),
-            "BERTSERVE_MAX_QUEUE_ROWS": "1000000",
+            # --max-queue-rows at its default (32 full batches); older checkouts refuse past 2,048 rows queued (429s)
             "BERTSERVE_LOG_LEVEL": "warning",
         }
         command = [sys.executable, "-c", SLEEPING_ENGINE, str(args.fixed_ms / 1000), str(args.per_token_us / 1e6)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -133,7 +133,13 @@ class Settings(BaseSettings):
         "judged from requests in flight at the rate the server has been answering them, and from each model's "
         "queued tokens at its measured cost per token",
     )
-    max_queue_rows: int = Field(2048, ge=1, le=1_000_000, description="most rows queued per model (429 past it)")
+    max_queue_rows: int = Field(
+        2048,
+        ge=1,
+        le=1_000_000,
+        description="most rows queued per model (429 past it); unset: 2048 or 32 full batches (--max-batch-size), "
+        "whichever is more",
+    )
     request_timeout_s: float = Field(30.0, gt=0, le=3600, description="per-request deadline; past it 504")
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="largest request body")
     max_inputs_per_request: int = Field(64, ge=1, le=10_000, description="most inputs in one request")
@@ -265,14 +271,24 @@ class Settings(BaseSettings):
             )
         if self.request_timeout_s * 1000 <= self.max_wait_ms:
             raise ValueError("request_timeout_s must be longer than max_wait_ms, or every request times out")
+        if "max_queue_rows" not in self.model_fields_set:
+            # A hard cap behind the bound in time: at 256-row batches on an H100 (~40k rows/s), 2,048 rows were 50 ms
+            # of work, and 192 connections sending 16 inputs each got 429s the bound would have admitted.
+            self._derive("max_queue_rows", max(2048, 32 * self.max_batch_size))
         if self.max_queue_s >= self.request_timeout_s and "max_queue_s" not in self.model_fields_set:
-            self.max_queue_s = self.request_timeout_s / 2  # a short deadline given alone: keep the default coherent
+            self._derive("max_queue_s", self.request_timeout_s / 2)  # a short deadline given alone: keep it coherent
         if self.max_queue_s >= self.request_timeout_s:
             raise ValueError(
                 f"max_queue_s ({self.max_queue_s:g}) must be below request_timeout_s ({self.request_timeout_s:g}): "
                 "work admitted to wait that long would time out"
             )
         return self
+
+    def _derive(self, name: str, value: Any) -> None:
+        """A default that follows other settings: set, but not counted as given (`to_env` hands on only those given,
+        and a child derives it again)."""
+        setattr(self, name, value)
+        self.model_fields_set.discard(name)
 
     @property
     def session_threads(self) -> int:

@@ -27,6 +27,15 @@ def test_a_short_deadline_alone_shortens_the_default_queue_bound() -> None:
     assert Settings().max_queue_s == 2.0
 
 
+def test_the_queue_cap_in_rows_follows_the_batch_size_unless_given() -> None:
+    """A hard cap behind the bound in time: 32 full batches at least. 2,048 rows were 50 ms of H100 work at 256-row
+    batches, and a closed loop of 192 connections x 16 inputs got 429s the bound in time would have admitted."""
+    assert Settings().max_queue_rows == 2048  # 32-row batches: 1,024 rows would be fewer than before
+    assert Settings(max_batch_size=256).max_queue_rows == 8192
+    assert Settings(max_batch_size=256, max_queue_rows=100).max_queue_rows == 100
+    assert "BERTSERVE_MAX_QUEUE_ROWS" not in Settings(max_batch_size=256).to_env()  # a child derives it again
+
+
 def test_cpu_streams_default_to_two_where_there_are_two_threads() -> None:
     assert [Settings(threads=n).cpu_stream_count for n in (1, 2, 16)] == [1, 2, 2]
     assert Settings(threads=2, cpu_streams=1).cpu_stream_count == 1
