@@ -10,7 +10,7 @@ Row lengths are the 872 SST-2 sentences' (../shared), else a like spread.
 
 Prints rows/s, request latency, batches/s, rows per batch, padded / real tokens, the share of the time batches
 took (timed on the device thread; a checkout from before the device thread chained batches timed them from the
-event loop, its waits included) and the engine's CPU;
+event loop, its waits included) and the engine's CPU, in cores and per request;
 `--base-source DIR` measures another checkout's engine first, in the same run. Found with it: an engine that
 waited for its event loop between batches managed 34-37k rows/s where the sleeping device allowed ~60k.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.loadclient import LoadResult
 from benchmarks.process_cpu import ProcessTreeCpu
@@ -84,15 +86,33 @@ def row_lengths(seed: int = 0) -> tuple[list[int], str]:
     return [max(4, min(66, round(rng.gauss(25, 10)))) for _ in range(872)], "synthetic (no ../shared)"
 
 
-def client(socket_path: str, model: str, lengths: list[int], args: dict, start_at: float, results) -> None:
+def wire_of(source: Path) -> Any:
+    """The measured checkout's own `service/protocol.py`, loaded under another name: the frames' format changes
+    between checkouts, and a client of the engine must speak the one it measures."""
+    spec = importlib.util.spec_from_file_location(
+        f"protocol_of_{abs(hash(str(source)))}", source / "service/protocol.py"
+    )
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"no service/protocol.py in {source}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def client(
+    source: Path, socket_path: str, model: str, lengths: list[int], args: dict, start_at: float, results
+) -> None:
     """One client process: `connections` sockets, each with `in_flight` requests; counts rows answered in the
     measured window and each request's time."""
     import numpy as np
 
     from benchmarks.loadclient import LoadResult
-    from service import errors, protocol
+    from service import errors
 
-    def status_of(frame: protocol.Frame) -> int:
+    protocol = wire_of(source)
+
+    def status_of(frame: Any) -> int:
         """200 for a result; for an engine error, the status a front-end would answer it with."""
         if frame.header["op"] == "result":
             return 200
@@ -153,9 +173,9 @@ def client(socket_path: str, model: str, lengths: list[int], args: dict, start_a
     results.put(uvloop.run(main()))
 
 
-def wait_ready(socket_path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_ready(source: Path, socket_path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
     """Until the engine says its models are warmed up."""
-    from service import protocol
+    protocol = wire_of(source)
 
     async def ready() -> bool:
         try:
@@ -208,14 +228,16 @@ def measure(source: Path, args: argparse.Namespace, lengths: list[int]) -> dict:
         command = [sys.executable, "-c", SLEEPING_ENGINE, str(args.fixed_ms / 1000), str(args.per_token_us / 1e6)]
         engine = subprocess.Popen([*command, str(socket_path)], cwd=source, env=env)
         try:
-            wait_ready(socket_path, engine)
+            wait_ready(source, socket_path, engine)
             options = {k: getattr(args, k) for k in ("connections", "in_flight", "rows", "think_ms", "seconds")}
             options["warmup_s"] = args.warmup_seconds
             context = multiprocessing.get_context("spawn")
             results = context.Queue()
             start_at = time.time() + 1.0  # every client process starts its load at once
             clients = [
-                context.Process(target=client, args=(str(socket_path), args.model, lengths, options, start_at, results))
+                context.Process(
+                    target=client, args=(source, str(socket_path), args.model, lengths, options, start_at, results)
+                )
                 for _ in range(args.client_procs)
             ]
             for process in clients:
@@ -245,6 +267,8 @@ def _figures(tallies: list[LoadResult], before: dict, after: dict, seconds: floa
     padded = delta(before, after, "bertserve_batch_padded_tokens_total") or 0
     real = delta(before, after, "bertserve_batch_real_tokens_total") or 0
     busy = delta(before, after, "bertserve_inference_duration_seconds_sum") or 0
+    cores = (cpu or {}).get("engine", {}).get("cores")
+    requests_per_s = load.requests / seconds
     return {
         "rows_per_s": round(load.sequences_per_s),
         "statuses": load.statuses,
@@ -254,7 +278,9 @@ def _figures(tallies: list[LoadResult], before: dict, after: dict, seconds: floa
         "rows_per_batch": round(rows / batches, 1) if batches else None,
         "padded_per_real_token": round(padded / real, 2) if real else None,
         "batch_time_share": round(busy / seconds, 2),
-        "engine_cpu_cores": (cpu or {}).get("engine", {}).get("cores"),
+        "engine_cpu_cores": cores,
+        # the engine's own work per request (frames, queue, batching, padding; the sleeping device costs none)
+        "engine_cpu_us_per_request": round(cores / requests_per_s * 1e6) if cores and requests_per_s else None,
     }
 
 

@@ -165,15 +165,7 @@ class RemoteEngine:
         lengths = [len(row) for row in rows]
         arrays = protocol.pack_rows([row.input_ids for row in rows], [row.token_type_ids for row in rows])
         timeout = ticket.deadline - time.monotonic()
-        header = {
-            "op": "infer",
-            "id": request_id,
-            "model": model,
-            "timeout": timeout,
-            "lengths": lengths,
-            "request_id": ticket.request_id,
-        }
-        writer.write(protocol.encode(header, arrays))
+        writer.write(protocol.encode_infer(request_id, model, timeout, lengths, ticket.request_id, arrays))
         ticket.on_cancel.append(lambda: self._cancel(request_id))
         try:
             frame: protocol.Frame = await asyncio.wait_for(future, timeout + REPLY_GRACE_S)

@@ -40,6 +40,7 @@ _LENGTH = operator.attrgetter("length")
 # With one stream, the next batch is aimed to reach the device thread this long before the running one ends: late,
 # the device idles; early, the rows that arrive meanwhile wait for the batch after.
 EARLY_TAKE_SLACK_S = 0.0003
+DEPTH_REPORT_S = 0.01  # a submit reports the queue's depth at most this often (each batch taken reports it too)
 
 
 @dataclass
@@ -95,12 +96,13 @@ class _Request:
     Cheaper than a future per row plus gather and wait_for: at thousands of requests a second that is the
     engine's event loop."""
 
-    __slots__ = ("future", "outputs", "remaining")
+    __slots__ = ("future", "outputs", "remaining", "timer")
 
     def __init__(self, future: asyncio.Future, rows: int) -> None:
         self.future = future
         self.outputs: list[Any] = [None] * rows
         self.remaining = rows
+        self.timer: asyncio.TimerHandle | None = None  # the deadline's; cancelled once answered
 
     def done(self) -> bool:
         return self.future.done()
@@ -112,10 +114,16 @@ class _Request:
         self.remaining -= 1
         if self.remaining == 0:
             self.future.set_result(self.outputs)
+            self.cancel_timer()
 
     def set_exception(self, exc: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(exc)
+            self.cancel_timer()
+
+    def cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 class _Item:
@@ -183,6 +191,7 @@ class Batcher:
         self._batch_s: float | None = None
         self._lead_s = 0.0
         self._last_ended: float | None = None
+        self._depth_reported_at = -math.inf
 
     async def run_on_worker(self, work: Callable[[], Any]) -> Any:
         """Run `work` on a thread that runs the batches (warm-up must happen there: CUDA caches are per thread; CUDA
@@ -209,6 +218,24 @@ class Batcher:
         """Queue the rows, wait for all their outputs (in order) or the ticket's deadline."""
         if not rows:
             return []
+        request = self._enqueue(rows, ticket)
+        try:
+            return await request.future
+        finally:  # cancelled too (the client went away): the deadline's timer goes with it
+            request.cancel_timer()
+
+    def enqueue(self, rows: Sequence[Sized], ticket: Ticket) -> asyncio.Future[list[Any]]:
+        """Queue the rows; the future gets all their outputs (in order), or the domain error of the first that
+        failed, or DeadlineExceeded at the ticket's deadline. A refusal (queue full, not running) raises at once.
+        An engine answers thousands of requests a second from this future's callback: no task per request."""
+        if not rows:
+            done: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+            done.set_result([])
+            return done
+        return self._enqueue(rows, ticket).future
+
+    def _enqueue(self, rows: Sequence[Sized], ticket: Ticket) -> _Request:
+        loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             raise NotReady(f"model {self.name} is not running")
         if len(rows) > self.max_queue_rows:  # it would never fit: waiting and retrying cannot help
@@ -226,19 +253,16 @@ class Batcher:
                 f"work, over the {self.max_queue_s:g} s bound (--max-queue-s); try again shortly",
                 retry_after_s=max(1, min(30, math.ceil(wait - self.max_queue_s))),
             )
-        loop = asyncio.get_running_loop()
         request = _Request(loop.create_future(), len(rows))
         now = time.monotonic()
         items = [_Item(row, len(row), ticket, request, index, now) for index, row in enumerate(rows)]
         self._pending.extend(items)
         self._pending_tokens += tokens
-        self._report_depth()
+        if now >= self._depth_reported_at + DEPTH_REPORT_S:
+            self._report_depth()
         self._wakeup.set()
-        timer = loop.call_later(max(0.0, ticket.deadline - time.monotonic()), self._expire, request, ticket)
-        try:
-            return await request.future
-        finally:
-            timer.cancel()
+        request.timer = loop.call_later(max(0.0, ticket.deadline - now), self._expire, request, ticket)
+        return request
 
     def expected_wait_s(self, more_tokens: int = 0) -> float:
         """Time to run the queued rows and `more_tokens` besides at the measured cost; 0 before any batch ran. The
@@ -524,6 +548,9 @@ class Batcher:
             item.request.set_exception(InferenceFailed("inference failed for this request's batch"))
 
     def _report_depth(self) -> None:
+        """The queue depth to the observer: on every batch taken, and on a submit at most every DEPTH_REPORT_S (in
+        process mode the gauge is a file write, a tenth of the engine's own work per 1-input request)."""
+        self._depth_reported_at = time.monotonic()
         if self._observer is not None:
             self._observer.on_queue_depth(len(self._pending))
 

@@ -140,14 +140,19 @@ class EngineCore:
         self.on_change()
 
     async def infer(self, name: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]:
+        _, batcher = self.serving(name)
+        return await batcher.submit(rows, ticket)
+
+    def serving(self, name: str) -> tuple[ModelRuntime, Batcher]:
+        """The model's runtime and batcher where it takes requests now; else the domain error that says why not."""
         model = self.models.get(name)
         if model is None:
             raise ModelNotFound(f"no model named {name[:100]!r}; GET /v1/models lists the served models")
         if model.status == "failed":
             raise ModelFailed(f"model {name} failed to load: {model.error}")
-        if model.status != "ready" or model.batcher is None:
+        if model.status != "ready" or model.batcher is None or model.runtime is None:
             raise NotReady(f"model {name} is still loading")
-        return await model.batcher.submit(rows, ticket)
+        return model.runtime, model.batcher
 
     async def stop(self) -> None:
         await asyncio.gather(*(m.batcher.stop() for m in self.models.values() if m.batcher is not None))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import signal
 import sys
@@ -41,7 +42,7 @@ class EngineServer:
         self.path = path
         self._writers: set[protocol.FrameWriter] = set()
         self._server: asyncio.AbstractServer | None = None
-        self._requests: set[asyncio.Task] = set()
+        self._requests: set[asyncio.Future] = set()  # answered from their done callbacks: no task per request
         self._beat: asyncio.Task | None = None
         core.on_change = self._broadcast_state
 
@@ -89,11 +90,7 @@ class EngineServer:
                 frame = await protocol.read_frame(reader)
                 op, request_id = frame.header.get("op"), int(frame.header.get("id", -1))
                 if op == "infer":
-                    ticket = Ticket.with_timeout(float(frame.header["timeout"]), frame.header.get("request_id"))
-                    tickets[request_id] = ticket
-                    task = asyncio.create_task(self._infer(writer, frame, ticket, tickets))
-                    self._requests.add(task)
-                    task.add_done_callback(self._requests.discard)
+                    self._start(writer, frame.header, frame.arrays, tickets)
                 elif op == "cancel" and request_id in tickets:
                     tickets[request_id].cancel()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -106,38 +103,68 @@ class EngineServer:
                 ticket.cancel()
             writer.close()
 
-    async def _infer(self, writer: protocol.FrameWriter, frame: protocol.Frame, ticket: Ticket, tickets: dict) -> None:
-        header, request_id = frame.header, int(frame.header["id"])
-        REQUEST_ID.set(ticket.request_id)  # this task's log lines name the HTTP request, as the front-end's do
+    def _start(
+        self, writer: protocol.FrameWriter, header: dict[str, Any], arrays: dict[str, Any], tickets: dict[int, Ticket]
+    ) -> None:
+        """Queue an infer frame's rows; the answer is written from the future's done callback (`_answer`)."""
+        request_id = int(header["id"])
+        ticket = Ticket.with_timeout(float(header["timeout"]), header.get("request_id"))
         try:
-            lengths = [int(n) for n in header["lengths"]]
-            ids = protocol.split_rows(frame.arrays["input_ids"], lengths)
-            types = protocol.split_rows(frame.arrays["token_type_ids"], lengths)
-            outputs = await self.core.infer(
-                str(header["model"]), [Row(i, t) for i, t in zip(ids, types, strict=True)], ticket
-            )
-            per_token = self.core.models[str(header["model"])].runtime.per_token  # type: ignore[union-attr]
-            reply = protocol.encode(
-                {"op": "result", "id": request_id, "per_token": per_token, "timings": _timings(ticket)},
-                protocol.pack_outputs(outputs, per_token),
-            )
-        except ServiceError as exc:
-            reply = protocol.encode(protocol.error_header(request_id, exc))
-        except Exception:
-            log.exception("engine: frame %d failed", request_id)
-            reply = protocol.encode(protocol.error_header(request_id, InferenceFailed("inference failed")))
-        finally:
-            tickets.pop(request_id, None)
-        if not writer.is_closing():
-            writer.write(reply)
+            lengths = header["lengths"]
+            ids = protocol.split_rows(arrays["input_ids"], lengths)
+            types = protocol.split_rows(arrays["token_type_ids"], lengths)
+            runtime, batcher = self.core.serving(str(header["model"]))
+            future = batcher.enqueue([Row(i, t) for i, t in zip(ids, types, strict=True)], ticket)
+        except Exception as exc:
+            writer.write(self._error(request_id, ticket, exc))
+            return
+        tickets[request_id] = ticket
+        self._requests.add(future)
+        future.add_done_callback(
+            functools.partial(self._answer, writer, request_id, runtime.per_token, ticket, tickets)
+        )
 
+    def _answer(
+        self,
+        writer: protocol.FrameWriter,
+        request_id: int,
+        per_token: bool,
+        ticket: Ticket,
+        tickets: dict[int, Ticket],
+        future: asyncio.Future,
+    ) -> None:
+        self._requests.discard(future)
+        tickets.pop(request_id, None)
+        if writer.is_closing():
+            return
+        exc = InferenceFailed("inference failed") if future.cancelled() else future.exception()
+        if exc is not None:
+            writer.write(self._error(request_id, ticket, exc))
+            return
+        try:
+            reply = protocol.encode_result(
+                request_id,
+                per_token,
+                ticket.queue_seconds,
+                ticket.inference_seconds,
+                ticket.inference_calls,
+                protocol.pack_outputs(future.result(), per_token),
+            )
+        except Exception as error:
+            reply = self._error(request_id, ticket, error)
+        writer.write(reply)
 
-def _timings(ticket: Ticket) -> dict[str, Any]:
-    return {
-        "queue_s": ticket.queue_seconds,
-        "inference_s": ticket.inference_seconds,
-        "inference_calls": ticket.inference_calls,
-    }
+    @staticmethod
+    def _error(request_id: int, ticket: Ticket, exc: BaseException) -> bytes:
+        """A domain error as it is; anything else is logged (under the HTTP request's id) and answered as a 500."""
+        if not isinstance(exc, ServiceError):
+            token = REQUEST_ID.set(ticket.request_id)
+            try:
+                log.error("engine: frame %d failed", request_id, exc_info=exc)
+            finally:
+                REQUEST_ID.reset(token)
+            exc = InferenceFailed("inference failed")
+        return protocol.encode(protocol.error_header(request_id, exc))
 
 
 async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -> None:
