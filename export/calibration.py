@@ -24,6 +24,7 @@ from onnx import helper, numpy_helper
 from export.calibration_text import builtin_texts
 from export.checkpoint import Checkpoint
 from export.errors import ExportError, first_line
+from export.variants import INT8_WEIGHT_LIMIT
 
 Text = tuple[str, str | None]
 MAX_CALIBRATION_INPUTS = 2000
@@ -274,7 +275,8 @@ def _outlier_copies(
         kept = _without_rows(chain, outliers, initializers)
         zero_point = numpy_helper.to_array(initializers[weight_zero_point]).astype(np.float64)
         weight_scale = numpy_helper.to_array(initializers[chain.weight_scale]).astype(np.float64)
-        low, high = (-127, 127) if kept.dtype == np.int8 else (0, 255)  # int8 weights are symmetric
+        # int8 weights are symmetric, in the 7-bit range that every CPU sums without saturating
+        low, high = (-INT8_WEIGHT_LIMIT, INT8_WEIGHT_LIMIT) if kept.dtype == np.int8 else (0, 255)
         dithered = [
             np.clip(np.round(row / weight_scale + (copies - 1 - i + 0.5) / copies - 0.5) + zero_point, low, high)
             for row in rows.astype(np.float64)
