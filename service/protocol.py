@@ -28,7 +28,7 @@ import functools
 import json
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,8 +46,7 @@ RESULT_HEAD = struct.Struct("!QddI?")  # id, queue_s, inference_s, inference_cal
 ARRAY_HEAD = struct.Struct("!BBB")  # name bytes, dtype bytes, dimensions; then name, dtype and `!Q` per dimension
 NO_REQUEST_ID = 0xFFFF
 LENGTHS, INFER_IDS, INFER_TYPES = np.dtype("<u4"), np.dtype("<i4"), np.dtype("u1")
-MAX_DESCRIBED = 4096  # result heads' array descriptions remembered (a model's outputs at each row count)
-_DESCRIBED: dict[bytes, list[tuple[str, np.dtype, tuple[int, ...]]]] = {}
+MAX_DESCRIBED = 4096  # array descriptions remembered, each way (a model's outputs at each row count)
 MAX_NAME = 0xFFFE  # model names and request ids are shorter than this by far: the front-end bounds both
 
 
@@ -101,8 +100,9 @@ def encode_infer(
     head = INFER_HEAD.pack(request_id, timeout, len(lengths), len(name), rid_bytes)
     ids = np.ascontiguousarray(arrays["input_ids"], INFER_IDS)
     types = np.ascontiguousarray(arrays["token_type_ids"], INFER_TYPES)
-    if ids.ndim != 1 or ids.shape != types.shape or len(ids) != sum(lengths):
-        raise ValueError(f"rows of {sum(lengths)} tokens in all, arrays of {ids.shape} and {types.shape}")
+    total = sum(lengths)
+    if ids.ndim != 1 or ids.shape != types.shape or len(ids) != total:
+        raise ValueError(f"rows of {total} tokens in all, arrays of {ids.shape} and {types.shape}")
     lengths_bytes = np.asarray(lengths, LENGTHS).tobytes()
     body = ids.tobytes() + types.tobytes()
     return b"".join(
@@ -228,35 +228,35 @@ def _decode_result(data: bytes, head_length: int) -> Frame:
     return Frame(header, _arrays(_described(data, RESULT_HEAD.size, head_length), data, head_length))
 
 
-def _described(data: bytes, at: int, head_length: int) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
-    """The arrays' descriptions that a binary head ends with. Results of one model and row count describe their
-    arrays alike, byte for byte: those bytes are looked up, not parsed again."""
-    key = data[at:head_length]
-    described = _DESCRIBED.get(key)
-    if described is not None:
-        return described
-    count = data[at]
-    at += 1
+def _described(data: bytes, at: int, head_length: int) -> tuple[tuple[str, np.dtype, tuple[int, ...]], ...]:
+    """The arrays' descriptions that a binary head ends with (from `at` to the head's end)."""
+    return _parse_descriptions(data[at:head_length])
+
+
+@functools.lru_cache(maxsize=MAX_DESCRIBED)
+def _parse_descriptions(descriptions: bytes) -> tuple[tuple[str, np.dtype, tuple[int, ...]], ...]:
+    """Results of one model and row count describe their arrays alike, byte for byte: parsed once (`_description`
+    is the other direction). A description that cannot be parsed raises, and nothing is remembered."""
+    count, at = descriptions[0], 1
     described = []
     for _ in range(count):
-        name_bytes, dtype_bytes, dims = ARRAY_HEAD.unpack_from(data, at)
+        name_bytes, dtype_bytes, dims = ARRAY_HEAD.unpack_from(descriptions, at)
         at += ARRAY_HEAD.size
-        name = data[at : at + name_bytes].decode()
+        name = descriptions[at : at + name_bytes].decode()
         at += name_bytes
-        dtype = np.dtype(data[at : at + dtype_bytes].decode())
+        dtype = np.dtype(descriptions[at : at + dtype_bytes].decode())
         at += dtype_bytes
-        shape = struct.unpack_from(f"!{dims}Q", data, at)
+        shape = struct.unpack_from(f"!{dims}Q", descriptions, at)
         at += 8 * dims
         described.append((name, dtype, shape))
-    if at != head_length:
-        raise ValueError(f"a frame's head has {head_length - at} bytes past its last field")
-    if len(_DESCRIBED) >= MAX_DESCRIBED:
-        _DESCRIBED.clear()
-    _DESCRIBED[key] = described
-    return described
+    if at != len(descriptions):
+        raise ValueError(f"a frame's head has {len(descriptions) - at} bytes past its last field")
+    return tuple(described)
 
 
-def _arrays(described: list[tuple[str, np.dtype, tuple[int, ...]]], data: bytes, offset: int) -> dict[str, np.ndarray]:
+def _arrays(
+    described: Sequence[tuple[str, np.dtype, tuple[int, ...]]], data: bytes, offset: int
+) -> dict[str, np.ndarray]:
     """Views of the body (read-only, no copy), one per description; the body must hold exactly those."""
     arrays = {}
     for name, array_type, shape in described:
