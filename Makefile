@@ -78,7 +78,7 @@ test-container:
 	PATH="$(CONTAINER_PATH)" $(PYTHON) tests/container/check_container.py $(ARGS)
 
 openapi: $(INSTALLED)
-	$(PY) -m service.openapi
+	$(PY) -m service.frontend.http.openapi
 
 clean:
 	rm -rf $(VENV) $(REPOSITORY)/demo-* .pytest_cache .ruff_cache

@@ -45,7 +45,7 @@ from benchmarks.loadclient import _request, run_load
 from benchmarks.realdata import ROOT, shared_available, sst2
 from benchmarks.reports import write_report
 from benchmarks.scrape import scrape
-from benchmarks.serving import ServiceProcess, start_service
+from tests.harness.serving import ServiceProcess, start_service
 
 HPA_MANIFEST = ROOT / "deploy" / "kubernetes" / "overlays" / "autoscaling" / "hpa.yaml"
 FALLBACK_TEXTS = [

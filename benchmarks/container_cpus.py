@@ -28,7 +28,7 @@ from benchmarks.loadclient import run_load
 from benchmarks.realdata import sst2
 from benchmarks.reliability import CHECKPOINT, PATH, exported_repository
 from benchmarks.reports import write_report
-from benchmarks.serving import free_port
+from tests.harness.serving import free_port
 
 
 @dataclass

@@ -39,8 +39,8 @@ from benchmarks.process_cpu import ProcessTreeCpu
 from benchmarks.realdata import SHARED, sst2
 from benchmarks.reports import write_report
 from benchmarks.scrape import delta, parse
-from benchmarks.serving import ROOT
 from service.metrics import merged_exposition
+from tests.harness.serving import ROOT
 
 # Runs in the engine process, from the checkout measured (so no import of this package): wraps every session.
 SLEEPING_ENGINE = """
@@ -48,7 +48,7 @@ import sys, time
 import numpy as np
 from service.engine import server
 from service.engine.core import EngineCore
-from service.engine.runtime import _concrete  # an output's declared shape with the batch's rows and width
+from service.engine.runtime import output_shape
 
 FIXED_S, PER_TOKEN_S = float(sys.argv[1]), float(sys.argv[2])
 
@@ -61,7 +61,7 @@ class SleepingSession:
     def run(self, names, feed, options=None):
         rows, width = next(iter(feed.values())).shape
         time.sleep(FIXED_S + PER_TOKEN_S * rows * width)
-        return [np.zeros(_concrete(self.outputs[name], rows, width), np.float32) for name in names]
+        return [np.zeros(output_shape(self.outputs[name], rows, width), np.float32) for name in names]
 
 load = EngineCore.load
 def sleeping_load(self):
@@ -87,13 +87,15 @@ def row_lengths(seed: int = 0) -> tuple[list[int], str]:
 
 
 def wire_of(source: Path) -> Any:
-    """The measured checkout's own `service/protocol.py`, loaded under another name: the frames' format changes
-    between checkouts, and a client of the engine must speak the one it measures."""
-    spec = importlib.util.spec_from_file_location(
-        f"protocol_of_{abs(hash(str(source)))}", source / "service/protocol.py"
-    )
+    """The measured checkout's own frames module (`service/wire/frames.py`; `service/protocol.py` before the
+    re-layout), loaded under another name: the frames' format changes between checkouts, and a client of the engine
+    must speak the one it measures."""
+    found = [path for path in (source / "service/wire/frames.py", source / "service/protocol.py") if path.is_file()]
+    if not found:
+        raise SystemExit(f"no service/wire/frames.py (or service/protocol.py) in {source}")
+    spec = importlib.util.spec_from_file_location(f"frames_of_{abs(hash(str(source)))}", found[0])
     if spec is None or spec.loader is None:
-        raise SystemExit(f"no service/protocol.py in {source}")
+        raise SystemExit(f"cannot load {found[0]}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look themselves up there
     spec.loader.exec_module(module)

@@ -50,7 +50,7 @@ from benchmarks.process_cpu import ProcessTreeCpu
 from benchmarks.realdata import SHARED, sst2
 from benchmarks.reports import write_report
 from benchmarks.scrape import scrape, stage_means
-from benchmarks.serving import ROOT, start, start_service
+from tests.harness.serving import ROOT, start, start_service
 
 PARTS = ("raw", "torch", "compile", "client", "serve")
 DEFAULTS = {  # per device: what a plain run does

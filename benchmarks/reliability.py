@@ -47,7 +47,7 @@ from benchmarks.loadclient import run_load
 from benchmarks.openloop import OpenLoopResult, open_loop, post_request
 from benchmarks.process_cpu import process_tree, role_of
 from benchmarks.reports import write_report
-from benchmarks.serving import ROOT, ServiceProcess, free_port, start_service
+from tests.harness.serving import ROOT, ServiceProcess, free_port, start_service
 
 CHECKPOINT = "minilm-bert-sst2"
 PATH = f"/v1/models/{CHECKPOINT}/classify"

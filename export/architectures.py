@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from export.model_config import TASKS, Task
+from bertcore.model_config import TASKS, Task
 
 __all__ = ["TASKS", "Task"]
 

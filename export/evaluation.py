@@ -8,7 +8,7 @@ Formats, one per task:
   tagged by its first sub-token.
 - qa: SQuAD v1.1 JSON (data / paragraphs / context / qas / question / answers). Metrics: exact match and F1
   (the official normalisation, best over the gold answers) of the answer the server gives at its defaults: the
-  server's own windows and decoding (`service.tasks.qa`: windows of 384 tokens overlapping by 128, the best
+  server's own windows and decoding (`bertcore.tasks.qa`: windows of 384 tokens overlapping by 128, the best
   answer of at most 15 tokens by the pipeline's scores). The budget applies to F1.
 Scores are in points (percent). Inputs run in batches of 16 rows of like length, as the server batches them.
 """
@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from bertcore.tasks import ner, qa
+from bertcore.tokenization import TextTokenizer
 from export.checkpoint import Checkpoint
 from export.errors import ExportError, first_line
 from export.validation import pad_rows
-from service.tasks import ner, qa
-from service.tokenization import TextTokenizer
 
 PRIMARY_METRIC = {"classification": "accuracy", "ner": "f1", "qa": "f1"}
 FORMATS = {"classification": "text/label TSV", "ner": "CoNLL", "qa": "SQuAD JSON"}

@@ -13,7 +13,8 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
-from export import __version__
+from bertcore.model_config import FORMAT_VERSION
+from bertcore.version import __version__
 from export.architectures import OUTPUT_NAMES
 from export.calibration import CalibrationSet, calibration_feeds, calibration_set, write_int8_static
 from export.checkpoint import Checkpoint, load_checkpoint
@@ -30,7 +31,6 @@ from export.evaluation import (
 from export.flash_attention import rewrite_int8_attention
 from export.fusion import check_attention_fused, optimize, write_cpu_graph
 from export.graph import DEFAULT_OPSET, export_onnx
-from export.model_config import FORMAT_VERSION
 from export.repository import check_name, staged_entry, write_config
 from export.validation import (
     FP32_TOLERANCE,

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bertcore.model_config import MODEL_CONFIG, ModelConfig
 from export.errors import ExportError
-from export.model_config import MODEL_CONFIG, ModelConfig
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 

@@ -11,12 +11,12 @@ import sys
 
 from pydantic import ValidationError
 
-from service.app import create_app
-from service.auth import ApiKeys, open_paths
-from service.http_server import serve
-from service.launcher import Launcher, resolve_engine_mode
+from service.frontend.http.app import create_app
+from service.frontend.http.auth import ApiKeys, open_paths
+from service.frontend.http.server import serve
 from service.repository import StartupError, discover
 from service.settings import settings_from_cli
+from service.supervisor.launcher import Launcher, resolve_engine_mode
 
 log = logging.getLogger("service")
 

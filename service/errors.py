@@ -1,4 +1,4 @@
-"""One domain error hierarchy. Each class carries its HTTP status and error type; `service.http_errors` maps
+"""One domain error hierarchy. Each class carries its HTTP status and error type; `service.frontend.http.errors` maps
 them (and FastAPI's own errors) to one body shape in one place."""
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ class BadRequest(ServiceError):
 
 
 class Unauthorized(ServiceError):
-    """No API key, or not one of the server's (`service.auth`)."""
+    """No API key, or not one of the server's (`service.frontend.http.auth`)."""
 
     status_code = 401
     error_type = "unauthorized"
 
 
 class RequestTimeout(ServiceError):
-    """The request's line and headers (or its body) did not arrive in time (`service.http_protocol`)."""
+    """The request's line and headers (or its body) did not arrive in time (the httptools protocol,
+    `service.frontend.http.httptools_protocol`)."""
 
     status_code = 408
     error_type = "request_timeout"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from export.model_config import MODEL_CONFIG, ModelConfig
+from bertcore.model_config import MODEL_CONFIG, ModelConfig
 from service.settings import Settings
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.cpus import available_cpus
+from service.system.cpus import available_cpus
 
 ENV_PREFIX = "BERTSERVE_"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.serving import free_port
+from tests.harness.serving import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 needs_prometheus = pytest.mark.skipif(

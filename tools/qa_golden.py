@@ -1,7 +1,7 @@
-"""Golden outputs of transformers 4.57's question-answering pipeline, for tests/service/tasks/test_qa.py.
+"""Golden outputs of transformers 4.57's question-answering pipeline, for tests/bertcore/tasks/test_qa.py.
 
 The pipeline is gone from transformers 5, so it runs here, once, in a separate virtualenv with 4.57.6; the
-tests compare `service/tasks/qa.py` with the JSON this writes to tests/fixtures/qa/. Run from the repository root:
+tests compare `bertcore/tasks/qa.py` with the JSON this writes to tests/fixtures/qa/. Run from the repository root:
 
     python3 -m venv .venv-qa-golden
     .venv-qa-golden/bin/pip install torch==2.13.0 transformers==4.57.6 numpy

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bertcore.tasks.base import Row
 from service.engine.batcher import Batcher, Ticket
 from service.engine.runtime import ModelRuntime
 from service.errors import ModelFailed, ModelNotFound, NotReady
 from service.metrics import Metrics
 from service.repository import StartupError, discover, one_line, read_config
 from service.settings import Settings
-from service.tasks.base import Row
 
 log = logging.getLogger("service.engine")
 

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from export.model_config import ModelConfig
+from bertcore.model_config import ModelConfig
+from bertcore.tasks.base import Row
 from service.engine.buckets import ShapeGrid
-from service.memory import IdleRelease, malloc_trim
 from service.settings import Settings
-from service.tasks.base import Row
+from service.system.memory import IdleRelease, malloc_trim
 
 log = logging.getLogger("service.engine.runtime")
 CUDA = "CUDAExecutionProvider"
@@ -152,7 +152,7 @@ class ModelRuntime:
 
     @property
     def intra_op_threads(self) -> int:
-        """Each stream's share of --threads (by default the CPUs this process may use, service.cpus)."""
+        """Each stream's share of --threads (by default the CPUs this process may use, service.system.cpus)."""
         return max(1, self.settings.session_threads // self.streams)
 
     @property
@@ -271,7 +271,7 @@ class CudaGraphs:
         outputs = {}
         for name in self.output_names:
             info = self._outputs[name]
-            dims = _concrete(info.shape, rows, width)
+            dims = output_shape(info.shape, rows, width)
             outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(dims, NUMPY_TYPES[info.type], "cuda", 0)
             binding.bind_ortvalue_output(name, outputs[name])
         run_options = ort.RunOptions()
@@ -288,7 +288,7 @@ class _BoundShape:
     run_options: Any
 
 
-def _concrete(dims: list[Any], rows: int, width: int) -> tuple[int, ...]:
+def output_shape(dims: list[Any], rows: int, width: int) -> tuple[int, ...]:
     """An output's declared shape with its symbolic axes filled in: the first is the batch, the second the width."""
     symbolic = iter((rows, width))
     return tuple(dim if isinstance(dim, int) else next(symbolic) for dim in dims)

@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service import collector, probes, protocol
+from bertcore.tasks.base import Row
+from service import probes
 from service.engine.batcher import Ticket
 from service.engine.core import EngineCore
 from service.errors import InferenceFailed, ServiceError
@@ -25,7 +26,8 @@ from service.logs import REQUEST_ID
 from service.metrics import Metrics
 from service.repository import StartupError
 from service.settings import Settings
-from service.tasks.base import Row
+from service.system import garbage_collector
+from service.wire import frames
 
 log = logging.getLogger("service.engine.server")
 # How long a thread that wants the interpreter lock waits for a busy holder to give it up (Python's default: 5 ms).
@@ -40,7 +42,7 @@ class EngineServer:
     def __init__(self, core: EngineCore, path: Path) -> None:
         self.core = core
         self.path = path
-        self._writers: set[protocol.FrameWriter] = set()
+        self._writers: set[frames.FrameWriter] = set()
         self._server: asyncio.AbstractServer | None = None
         self._requests: set[asyncio.Future] = set()  # answered from their done callbacks: no task per request
         self._beat: asyncio.Task | None = None
@@ -65,7 +67,7 @@ class EngineServer:
         self.path.unlink(missing_ok=True)
 
     def _state(self) -> bytes:
-        return protocol.encode({"op": "state", "ready": self.core.warmed_up, "models": self.core.states()})
+        return frames.encode({"op": "state", "ready": self.core.warmed_up, "models": self.core.states()})
 
     def _broadcast_state(self) -> None:
         self._broadcast(self._state())
@@ -75,19 +77,19 @@ class EngineServer:
             writer.write(frame)
 
     async def _keep_beating(self) -> None:
-        beat = protocol.encode({"op": "beat"})
+        beat = frames.encode({"op": "beat"})
         while True:
             await asyncio.sleep(probes.HEARTBEAT_S)
             self._broadcast(beat)
 
     async def _connection(self, reader: asyncio.StreamReader, stream: asyncio.StreamWriter) -> None:
-        writer = protocol.FrameWriter(stream)
+        writer = frames.FrameWriter(stream)
         self._writers.add(writer)
         tickets: dict[int, Ticket] = {}
         writer.write(self._state())
         try:
             while True:
-                frame = await protocol.read_frame(reader)
+                frame = await frames.read_frame(reader)
                 op, request_id = frame.header.get("op"), int(frame.header.get("id", -1))
                 if op == "infer":
                     self._start(writer, frame.header, frame.arrays, tickets)
@@ -104,15 +106,15 @@ class EngineServer:
             writer.close()
 
     def _start(
-        self, writer: protocol.FrameWriter, header: dict[str, Any], arrays: dict[str, Any], tickets: dict[int, Ticket]
+        self, writer: frames.FrameWriter, header: dict[str, Any], arrays: dict[str, Any], tickets: dict[int, Ticket]
     ) -> None:
         """Queue an infer frame's rows; the answer is written from the future's done callback (`_answer`)."""
         request_id = int(header["id"])
         ticket = Ticket.with_timeout(float(header["timeout"]), header.get("request_id"))
         try:
             lengths = header["lengths"]
-            ids = protocol.split_rows(arrays["input_ids"], lengths)
-            types = protocol.split_rows(arrays["token_type_ids"], lengths)
+            ids = frames.split_rows(arrays["input_ids"], lengths)
+            types = frames.split_rows(arrays["token_type_ids"], lengths)
             runtime, batcher = self.core.serving(str(header["model"]))
             future = batcher.enqueue([Row(i, t) for i, t in zip(ids, types, strict=True)], ticket)
         except Exception as exc:
@@ -126,7 +128,7 @@ class EngineServer:
 
     def _answer(
         self,
-        writer: protocol.FrameWriter,
+        writer: frames.FrameWriter,
         request_id: int,
         per_token: bool,
         ticket: Ticket,
@@ -142,13 +144,13 @@ class EngineServer:
             writer.write(self._error(request_id, ticket, exc))
             return
         try:
-            reply = protocol.encode_result(
+            reply = frames.encode_result(
                 request_id,
                 per_token,
                 ticket.queue_seconds,
                 ticket.inference_seconds,
                 ticket.inference_calls,
-                protocol.pack_outputs(future.result(), per_token),
+                frames.pack_outputs(future.result(), per_token),
             )
         except Exception as error:
             reply = self._error(request_id, ticket, error)
@@ -164,7 +166,7 @@ class EngineServer:
             finally:
                 REQUEST_ID.reset(token)
             exc = InferenceFailed("inference failed")
-        return protocol.encode(protocol.error_header(request_id, exc))
+        return frames.encode(frames.error_header(request_id, exc))
 
 
 async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -> None:
@@ -174,7 +176,7 @@ async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -
     core = EngineCore(settings, Metrics())
     core.load()
     core.start()
-    collector.settle()
+    garbage_collector.settle()
     background = []
     if heartbeat is not None:  # from here on the loop runs: loading, which held it, is over
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.engine_benchmark import measure, parse_args, row_lengths
-from benchmarks.serving import ROOT
 from export.pipeline import export_checkpoint
+from tests.harness.serving import ROOT
 
 
 def test_a_sleeping_engine_answers_every_request_in_batches_within_the_budget(tiny_checkpoint, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import socket
 import threading
 
 from benchmarks.loadclient import CONNECTION_ERROR, classify_cases, run_load, run_load_processes
-from benchmarks.serving import free_port, start
+from tests.harness.serving import free_port, start
 
 
 def test_client_processes_share_one_window_and_merge_their_counts() -> None:

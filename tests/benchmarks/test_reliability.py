@@ -27,9 +27,9 @@ def test_answers_are_counted_before_the_stop_while_stuck_and_after_the_first_200
     result.answers[3].seconds = 1.2
     wall = time.mktime(time.strptime("2026-11-25 07:21:34", "%Y-%m-%d %H:%M:%S")) + 0.5
     log = (
-        "2026-11-25 07:21:34,100 INFO service.launcher [-]: engine started (pid 7)\n"
-        "2026-11-25 07:21:35,317 ERROR service.launcher [-]: engine (pid 7) is stuck: the event loop has not run "
-        "for 1.0 s (--liveness-stall-s 1); killing it\n"
+        "2026-11-25 07:21:34,100 INFO service.supervisor.launcher [-]: engine started (pid 7)\n"
+        "2026-11-25 07:21:35,317 ERROR service.supervisor.launcher [-]: engine (pid 7) is stuck: the event loop has "
+        "not run for 1.0 s (--liveness-stall-s 1); killing it\n"
     )
     outcome = _hang_outcome(result, {"perf": 1.0, "wall": wall}, log)
     assert outcome["before_stop"] == {"200": 1, "503": 1}

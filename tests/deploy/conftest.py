@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serving import ServiceProcess, free_port, start_service
 from export.pipeline import export_checkpoint
 from tests.deploy.manifests import KUBECTL, environment, kustomizations, of_kind, render, serving_container
+from tests.harness.serving import ServiceProcess, free_port, start_service
 
 
 @pytest.fixture(scope="session")

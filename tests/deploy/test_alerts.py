@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from benchmarks.scrape import scrape
-from benchmarks.serving import ServiceProcess, start_service
 from tests.deploy.manifests import ROOT, of_kind
 from tests.deploy.test_policy import metric_names
+from tests.harness.serving import ServiceProcess, start_service
 from tests.prometheus_server import firing, log_tail, needs_prometheus, running_prometheus, wait_for
 
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"

@@ -15,7 +15,6 @@ import yaml
 
 from benchmarks.autoscale_simulation import CANDIDATES, HpaSpec
 from benchmarks.scrape import scrape
-from benchmarks.serving import ServiceProcess, start_service
 from service.settings import Settings
 from tests.deploy.manifests import (
     KUBERNETES,
@@ -28,6 +27,7 @@ from tests.deploy.manifests import (
     quantity,
     serving_container,
 )
+from tests.harness.serving import ServiceProcess, start_service
 from tests.prometheus_server import log_tail, needs_prometheus, query, running_prometheus, wait_for
 
 ADAPTER_RULES = KUBERNETES / "overlays" / "autoscaling" / "prometheus-adapter-rules.yaml"

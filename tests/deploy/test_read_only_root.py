@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.serving import ServiceProcess, free_port
 from tests.deploy.manifests import ROOT
+from tests.harness.serving import ServiceProcess, free_port
 
 UNSHARE = shutil.which("unshare")
 MOUNT_POINT = Path("/srv")  # an empty folder of the Debian layout, where the repository is bind-mounted

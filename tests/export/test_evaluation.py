@@ -238,7 +238,7 @@ def test_a_question_the_server_cannot_take_is_named(tiny_checkpoint, tmp_path: P
 def test_the_qa_gate_scores_the_answers_the_server_gives(tiny_checkpoint, tmp_path: Path, variant: str) -> None:
     """The export judges a QA variant on the answers the server would give: the server's windows (contexts of
     several windows here) and decoding at its defaults, so that what passes the budget is what is served."""
-    from benchmarks.serving import start_service
+    from tests.harness.serving import start_service
 
     contexts = [" ".join(CORPUS[i : i + 6]) for i in range(0, 12, 3)]
     questions = ["Who met in Brussels?", "Where will the committee meet?", "What did the scientists report?"]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serving import ServiceProcess, start_service
 from export.pipeline import export_checkpoint
+from tests.harness.serving import ServiceProcess, start_service
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_CELLS = [

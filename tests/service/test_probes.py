@@ -9,12 +9,12 @@ from pathlib import Path
 import httpx
 from fastapi.testclient import TestClient
 
-from benchmarks.serving import free_port
 from service import probes
-from service.app import create_app
-from service.http_server import shared_port_socket
+from service.frontend.http.app import create_app
+from service.frontend.http.server import shared_port_socket
 from service.probes import ALIVE, StateFile, probe_child
 from service.settings import Settings
+from tests.harness.serving import free_port
 from tests.service.conftest import wait_for
 
 

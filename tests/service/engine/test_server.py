@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service import protocol
+from service.wire import frames
 from tests.service.conftest import ROOT, wait_for
 
 MODELS = ["bert-classification", "bert-ner"]
@@ -55,7 +55,7 @@ class EngineProcess:
                 return False
             try:
                 while True:
-                    frame = await asyncio.wait_for(protocol.read_frame(reader), 2.0)
+                    frame = await asyncio.wait_for(frames.read_frame(reader), 2.0)
                     if frame.header["op"] == "state" and frame.header["ready"]:
                         return True
             except (TimeoutError, asyncio.IncompleteReadError):
@@ -83,7 +83,7 @@ class Connection:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
-        self.answers: dict[int, protocol.Frame] = {}
+        self.answers: dict[int, frames.Frame] = {}
 
     @classmethod
     async def open(cls, engine: EngineProcess) -> Connection:
@@ -91,12 +91,12 @@ class Connection:
 
     def infer(self, request_id: int, model: str, lengths: list[int], timeout: float = 10.0) -> None:
         ids = [np.arange(5, 5 + n) % 90 + 5 for n in lengths]  # the tiny vocabulary's ordinary tokens
-        arrays = protocol.pack_rows(ids, [np.zeros(n, np.int64) for n in lengths])
-        self.writer.write(protocol.encode_infer(request_id, model, timeout, lengths, f"http-{request_id}", arrays))
+        arrays = frames.pack_rows(ids, [np.zeros(n, np.int64) for n in lengths])
+        self.writer.write(frames.encode_infer(request_id, model, timeout, lengths, f"http-{request_id}", arrays))
 
-    async def answers_for(self, ids: set[int]) -> dict[int, protocol.Frame]:
+    async def answers_for(self, ids: set[int]) -> dict[int, frames.Frame]:
         while not ids <= self.answers.keys():
-            frame = await asyncio.wait_for(protocol.read_frame(self.reader), 30)
+            frame = await asyncio.wait_for(frames.read_frame(self.reader), 30)
             if frame.header["op"] in ("result", "error"):
                 self.answers[frame.header["id"]] = frame
         return {i: self.answers[i] for i in ids}
@@ -146,7 +146,7 @@ def test_hostile_bytes_close_only_their_own_connection(engine: EngineProcess) ->
     async def main() -> None:
         good, bad = await Connection.open(engine), await Connection.open(engine)
         frame = bytearray(
-            protocol.encode_infer(
+            frames.encode_infer(
                 1,
                 "bert-classification",
                 10.0,
@@ -155,11 +155,11 @@ def test_hostile_bytes_close_only_their_own_connection(engine: EngineProcess) ->
                 {"input_ids": np.full(5, 7), "token_type_ids": np.zeros(5)},
             )
         )
-        frame[protocol.PREFIX.size + protocol.INFER_HEAD.size + len("bert-classification")] = 0xFF  # lengths lie
+        frame[frames.PREFIX.size + frames.INFER_HEAD.size + len("bert-classification")] = 0xFF  # lengths lie
         bad.writer.write(bytes(frame))
         with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
             while True:  # the state frame, perhaps a beat, then the end: the engine closed this connection
-                await asyncio.wait_for(protocol.read_frame(bad.reader), 10)
+                await asyncio.wait_for(frames.read_frame(bad.reader), 10)
         good.infer(1, "bert-classification", [5])
         answers = await good.answers_for({1})
         assert answers[1].header["op"] == "result"
@@ -175,7 +175,7 @@ def test_sigterm_answers_the_requests_in_flight_then_exits(tiny_repository: Path
     try:
         assert wait_for(engine.ready, timeout=120, every_s=0.2), engine.log.read_text()
 
-        async def main() -> tuple[int, dict[int, protocol.Frame]]:
+        async def main() -> tuple[int, dict[int, frames.Frame]]:
             connection = await Connection.open(engine)
             for i in range(REQUESTS):
                 connection.infer(i, "bert-classification", [60] * 8)

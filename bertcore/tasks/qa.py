@@ -1,0 +1,476 @@
+"""Extractive question answering: windows in, answer spans out, as transformers 4.57's question-answering pipeline.
+
+The pipeline left transformers in version 5; its last behaviour (4.57.x, fast tokenizers) is the reference, and
+`tests/fixtures/qa/` holds its outputs (made by `tools/qa_golden.py`). What it does, and so what this module does:
+
+Windows (`prepare`)
+    The question comes first and the context second (the pipeline puts the question first whenever the
+    tokenizer pads on the right, as every BERT-family tokenizer does). The pair is encoded with `only_second`
+    truncation to `max_seq_len` tokens and `doc_stride` tokens of overlap: each window holds the whole question
+    and a slice of the context. `max_question_len` is *not* applied: 4.57 only passed it to the slow-tokenizer
+    path, so a long question is never cut; it only leaves less room for the context.
+    Defaults: `max_seq_len` = min(model limit, 384); `doc_stride` = min(max_seq_len // 2, 128). Unlike the
+    pipeline we also cap an explicit `max_seq_len` at the model's limit (the model cannot take more).
+
+Candidates (`postprocess`, per window)
+    A token may start or end an answer when it belongs to the context, or holds the CLS token id (the pipeline
+    leaves CLS unmasked). Every other logit becomes -10000 and each of the start and end logits goes through a
+    softmax over the window (float32). The null score of the window is p_start[0] * p_end[0]; then position 0
+    is zeroed. A span (s, e) scores p_start[s] * p_end[e] when s <= e < s + max_answer_len, else 0. The
+    best `top_k * 2 + 10` spans (`top_k` when align_to_words is off) are taken with numpy's selection (same ties
+    as the pipeline), then spans whose start or end is not a candidate token are dropped (position 0 always
+    counts as a candidate: a quirk of the pipeline's `np.isin(..., mask.nonzero())` on a 2-D mask).
+
+Answers
+    A span becomes characters of the context: with `align_to_words` the start of the first token's word and the
+    end of the last token's word (the word's tokens inside this window), falling back to the tokens' own offsets
+    when a token has no word (special tokens); without it, the tokens' offsets. Answers whose text is equal
+    ignoring case (across all windows) are merged: the first one keeps its start/end and the scores add up. With
+    `handle_impossible_answer` the empty answer {"start": 0, "end": 0, "answer": ""} is added with the smallest
+    null score over the windows. All answers are sorted by score (stable) and cut to `top_k`. Spans of score 0
+    can be returned when a window has fewer positive spans than were selected, as the pipeline does.
+
+Errors (QaInputError, a ValueError naming the field to change, where the pipeline raised something)
+    top_k < 1, max_answer_len < 1, doc_stride > max_seq_len (as the pipeline), an empty question or context
+    (as the pipeline). When the pair does not fit in one window: a question that leaves no room for the context,
+    and doc_stride >= the room left for the context (the pipeline's tokenizer raised or panicked for both; a
+    pair that fits in one window never needs a stride, so there they are no error, as in the pipeline).
+
+Cost (ours: the pipeline had no limits)
+    `plan` counts a pair's windows from one untruncated encoding, before any window is built; `prepare_all`
+    refuses a request whose windows pass a total (the server's max_qa_windows), or one context that needs more
+    windows than the longest context allowed (max_chars_per_input tokens) would at the model's default windows:
+    more can only come from parameters that make each window advance a few tokens (the issue's max_seq_len 9:
+    one token a window). Merging answers across windows is linear in windows (a dict by folded text).
+
+Where ours differs on purpose
+    - The result is always a list (the pipeline returns a bare dict when there is one answer).
+    - An explicit max_seq_len above the model's limit is capped (the pipeline would feed the model too much).
+    - The CLS id is the id of the special token that starts each window (the pipeline read tokenizer.cls_token_id;
+      for BERT, RoBERTa, ALBERT and DistilBERT tokenizers they are the same token).
+    - max_question_len must be >= 1 although it has no effect; the pipeline did not check it.
+    - When a window has exactly as many spans (tokens squared) as the spans to select, numpy's argpartition
+      raised in the pipeline; ours ranks them all.
+    - The errors are ValueError where the tokenizer raised an Exception or panicked (pyo3 PanicException).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tokenizers import Encoding
+
+from bertcore.tasks.base import Row
+from bertcore.tokenization import TextTokenizer
+
+DEFAULT_MAX_SEQ_LEN = 384
+DEFAULT_MAX_DOC_STRIDE = 128
+MASKED_LOGIT = np.float32(-10000.0)
+CONTEXT_SEQUENCE = 1  # question first, context second
+
+
+class QaInputError(ValueError):
+    """A ValueError that names what to change: a parameter ("max_seq_len", "doc_stride") or a part of the input
+    ("question", "context")."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class QaParams:
+    """Request parameters, with transformers 4.57's defaults. None for max_seq_len / doc_stride: derived."""
+
+    top_k: int = 1
+    max_answer_len: int = 15
+    doc_stride: int | None = None  # None: min(max_seq_len // 2, 128)
+    max_seq_len: int | None = None  # None: min(model limit, 384)
+    max_question_len: int = 64  # accepted and validated, but has no effect (as in 4.57 with fast tokenizers)
+    handle_impossible_answer: bool = False
+    align_to_words: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("top_k", self.top_k, minimum=1)
+        _check_int("max_answer_len", self.max_answer_len, minimum=1)
+        _check_int("max_question_len", self.max_question_len, minimum=1)
+        if self.max_seq_len is not None:
+            _check_int("max_seq_len", self.max_seq_len, minimum=1)
+        if self.doc_stride is not None:
+            _check_int("doc_stride", self.doc_stride, minimum=0)
+        for name in ("handle_impossible_answer", "align_to_words"):
+            if not isinstance(getattr(self, name), bool):
+                raise QaInputError(f"{name} must be true or false (got {getattr(self, name)!r})", field=name)
+        if self.max_seq_len is not None and self.doc_stride is not None:
+            _check_stride(self.doc_stride, self.max_seq_len)
+
+    def window(self, model_max_length: int) -> tuple[int, int]:
+        """(max_seq_len, doc_stride) for a model that takes at most `model_max_length` tokens."""
+        _check_int("model_max_length", model_max_length, minimum=1)
+        requested = DEFAULT_MAX_SEQ_LEN if self.max_seq_len is None else self.max_seq_len
+        max_seq_len = min(requested, model_max_length)
+        doc_stride = min(max_seq_len // 2, DEFAULT_MAX_DOC_STRIDE) if self.doc_stride is None else self.doc_stride
+        _check_stride(doc_stride, max_seq_len)
+        return max_seq_len, doc_stride
+
+    @property
+    def candidates_per_window(self) -> int:
+        """Spans taken from each window before spans outside the context are dropped (the pipeline's pre_topk)."""
+        return self.top_k * 2 + 10 if self.align_to_words else self.top_k
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise QaInputError(f"{name} must be an integer (got {value!r})", field=name)
+    if value < minimum:
+        raise QaInputError(f"{name} must be >= {minimum} (got {value})", field=name)
+
+
+def _check_stride(doc_stride: int, max_seq_len: int) -> None:
+    if doc_stride > max_seq_len:
+        raise QaInputError(f"doc_stride ({doc_stride}) is larger than max_seq_len ({max_seq_len})", field="doc_stride")
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How question + context will be cut into windows, known from one untruncated encoding, before any window
+    is built: what a request will cost can be checked first."""
+
+    max_seq_len: int
+    doc_stride: int
+    fixed: int  # question tokens and special tokens: in every window besides the context
+    context_tokens: int
+    windows: int
+    whole: Encoding | None  # the untruncated pair when it fits in one window (then it is the window)
+
+    def windows_at(self, max_seq_len: int, doc_stride: int) -> int | None:
+        """Windows the same pair needs at another max_seq_len and doc_stride; None where it cannot be cut."""
+        return _window_count(self.fixed, self.context_tokens, max_seq_len, doc_stride)
+
+
+@dataclass(frozen=True)
+class QaFeatures:
+    """One input row per window, and what post-processing needs of each window."""
+
+    rows: list[Row]
+    encodings: list[Encoding]  # the tokenizer's windows: words and character offsets
+    candidates: list[np.ndarray]  # bool per token: may start or end an answer (context tokens and CLS)
+    max_seq_len: int
+    doc_stride: int
+
+
+def plan(tokenizer: TextTokenizer, question: str, context: str, params: QaParams, model_max_length: int) -> WindowPlan:
+    """Count the windows question + context needs, from one untruncated encoding (the context tokenized once).
+
+    The count is the tokenizer's own (its truncation with overflow, `only_second`): the context takes
+    room = max_seq_len - fixed tokens of each window and the next window starts room - doc_stride tokens later,
+    so n tokens need 1 + ceil((n - room) / (room - doc_stride)) windows. Raises QaInputError where the pair does
+    not fit in one window and cannot be cut into windows."""
+    for name, text in (("question", question), ("context", context)):
+        if not isinstance(text, str) or not text:
+            raise QaInputError(f"{name} must be a non-empty string", field=name)
+    max_seq_len, doc_stride = params.window(model_max_length)
+    whole = tokenizer.encode(question, context)[0]
+    context_tokens = sum(1 for sequence in whole.sequence_ids if sequence == CONTEXT_SEQUENCE)
+    fixed = len(whole) - context_tokens
+    windows = _window_count(fixed, context_tokens, max_seq_len, doc_stride)
+    if windows is None:
+        # The tokenizer could not make windows (it raises or panics), which is fine only if none is needed.
+        raise QaInputError(
+            _no_windows_message(fixed, max_seq_len, doc_stride), _no_windows_field(fixed, max_seq_len, params)
+        )
+    return WindowPlan(max_seq_len, doc_stride, fixed, context_tokens, windows, whole if windows == 1 else None)
+
+
+def too_many_windows(plans: list[WindowPlan], params: QaParams, model_max_length: int, limit: int) -> QaInputError:
+    """The error for a request whose inputs (`plans`, counted so far) need more than `limit` windows. It names
+    the parameter the client set whose default would have made them fit (doc_stride first), else the inputs."""
+    windows, last = sum(counted.windows for counted in plans), plans[-1]
+    field = _parameter_to_change(plans, params, model_max_length, limit) or "inputs"
+    message = (
+        f"this request needs at least {windows} windows of max_seq_len {last.max_seq_len} tokens; the limit is "
+        f"{limit} (max_qa_windows). Input {len(plans) - 1}: {_windows_of(last)}"
+    )
+    return QaInputError(f"{message}: {_advice(field, 'send fewer or shorter contexts')}", field)
+
+
+def amplified(
+    window_plan: WindowPlan, index: int, params: QaParams, model_max_length: int, max_context_tokens: int
+) -> QaInputError | None:
+    """The error for a context that needs more windows than the longest context allowed (`max_context_tokens`
+    tokens) needs at the model's default windows with the same question: only parameters that multiply the work
+    (windows advancing a few tokens each) get there. None where it does not."""
+    default_seq_len, default_stride = QaParams().window(model_max_length)
+    bound = _window_count(window_plan.fixed, max_context_tokens, default_seq_len, default_stride)
+    if bound is None or window_plan.windows <= bound:
+        return None
+    field = _parameter_to_change([window_plan], params, model_max_length, bound) or f"inputs.{index}.context"
+    message = (
+        f"input {index} needs {window_plan.windows} windows of max_seq_len {window_plan.max_seq_len} tokens: "
+        f"{_windows_of(window_plan)}; a context may need at most {bound}, what the longest context allowed "
+        f"({max_context_tokens} tokens) needs at this model's default windows ({default_seq_len} tokens, doc_stride "
+        f"{default_stride})"
+    )
+    return QaInputError(f"{message}: {_advice(field, 'send a shorter context')}", field)
+
+
+def _windows_of(window_plan: WindowPlan) -> str:
+    advance = window_plan.max_seq_len - window_plan.fixed - window_plan.doc_stride
+    return (
+        f"{window_plan.context_tokens} context tokens in {window_plan.windows} windows, each advancing {advance} "
+        f"tokens (max_seq_len minus {window_plan.fixed} for the question and special tokens minus doc_stride "
+        f"{window_plan.doc_stride})"
+    )
+
+
+def _advice(field: str, otherwise: str) -> str:
+    return {"doc_stride": "lower doc_stride", "max_seq_len": "raise max_seq_len"}.get(field, otherwise)
+
+
+def _parameter_to_change(plans: list[WindowPlan], params: QaParams, model_max_length: int, limit: int) -> str | None:
+    """The parameter the client set whose default would bring `plans` within `limit` windows (doc_stride first,
+    the other as given), None if neither."""
+    default_seq_len, default_stride = QaParams().window(model_max_length)
+    reverted = {
+        "doc_stride": QaParams(max_seq_len=params.max_seq_len).window(model_max_length),
+        "max_seq_len": (default_seq_len, params.doc_stride if params.doc_stride is not None else default_stride),
+    }
+    for name, (max_seq_len, doc_stride) in reverted.items():
+        counts = [counted.windows_at(max_seq_len, doc_stride) for counted in plans]
+        if getattr(params, name) is not None and None not in counts and sum(filter(None, counts)) <= limit:
+            return name
+    return None
+
+
+def prepare_all(
+    tokenizer: TextTokenizer,
+    pairs: list[tuple[str, str]],
+    params: QaParams,
+    model_max_length: int,
+    max_windows: int,
+    max_context_tokens: int | None = None,
+) -> list[QaFeatures]:
+    """Every (question, context) pair's windows, for one request. The windows are counted first (`plan`: one
+    untruncated encoding per pair) and the request is refused, before any window is built, as soon as they pass
+    `max_windows`, or one context needs more than the longest context allowed (`max_context_tokens`) would at
+    the default windows (`amplified`). Errors name the request's field: inputs.I.question, inputs.I.context,
+    max_seq_len, doc_stride, inputs."""
+    plans: list[WindowPlan] = []
+    windows = 0
+    for index, (question, context) in enumerate(pairs):
+        try:
+            plans.append(plan(tokenizer, question, context, params, model_max_length))
+        except QaInputError as exc:
+            if exc.field in ("question", "context"):
+                raise QaInputError(str(exc), field=f"inputs.{index}.{exc.field}") from exc
+            raise
+        if max_context_tokens is not None:
+            error = amplified(plans[-1], index, params, model_max_length, max_context_tokens)
+            if error is not None:
+                raise error
+        windows += plans[-1].windows
+        if windows > max_windows:
+            raise too_many_windows(plans, params, model_max_length, max_windows)
+    return [
+        prepare(tokenizer, question, context, params, model_max_length, window_plan)
+        for (question, context), window_plan in zip(pairs, plans, strict=True)
+    ]
+
+
+def _window_count(fixed: int, context_tokens: int, max_seq_len: int, doc_stride: int) -> int | None:
+    if fixed + context_tokens <= max_seq_len:
+        return 1
+    room = max_seq_len - fixed
+    if room < 1 or doc_stride >= room:
+        return None
+    return 1 + -(-(context_tokens - room) // (room - doc_stride))
+
+
+def prepare(
+    tokenizer: TextTokenizer,
+    question: str,
+    context: str,
+    params: QaParams,
+    model_max_length: int,
+    window_plan: WindowPlan | None = None,
+) -> QaFeatures:
+    """Tokenize question + context into windows of at most max_seq_len tokens (capped at model_max_length).
+
+    `window_plan`: this pair's plan (`plan`), where it was made already to check the cost."""
+    window_plan = window_plan or plan(tokenizer, question, context, params, model_max_length)
+    max_seq_len, doc_stride = window_plan.max_seq_len, window_plan.doc_stride
+    if window_plan.whole is not None:
+        encodings = [window_plan.whole]
+    else:
+        encodings = tokenizer.encode(
+            question, context, max_length=max_seq_len, stride=doc_stride, strategy="only_second"
+        )
+    return QaFeatures(
+        rows=[Row.from_encoding(encoding) for encoding in encodings],
+        encodings=encodings,
+        candidates=[_candidate_tokens(encoding) for encoding in encodings],
+        max_seq_len=max_seq_len,
+        doc_stride=doc_stride,
+    )
+
+
+def _no_windows_field(fixed: int, max_seq_len: int, params: QaParams) -> str:
+    """The field to change: the parameter the client set that leaves too little room, else the question."""
+    if max_seq_len - fixed >= 1 and params.doc_stride is not None:  # room enough, but the stride is too large
+        return "doc_stride"
+    return "max_seq_len" if params.max_seq_len is not None else "question"
+
+
+def _no_windows_message(fixed: int, max_seq_len: int, doc_stride: int) -> str:
+    """Why question + context cannot be cut into windows: each holds the question, and the context must advance."""
+    room = max_seq_len - fixed
+    if room < 1:
+        return (
+            f"the question takes {fixed} tokens with the special tokens, which leaves no room for the context "
+            f"in max_seq_len={max_seq_len}: shorten the question or raise max_seq_len"
+        )
+    return (
+        f"doc_stride ({doc_stride}) must be smaller than the room left for the context in each window "
+        f"({room} tokens: max_seq_len {max_seq_len} minus {fixed} for the question and special tokens)"
+    )
+
+
+def _candidate_tokens(encoding: Encoding) -> np.ndarray:
+    """Context tokens, and every token holding the CLS id (the special token the template puts first)."""
+    candidates = np.array([sequence == CONTEXT_SEQUENCE for sequence in encoding.sequence_ids], dtype=bool)
+    if encoding.ids and encoding.special_tokens_mask[0] == 1:
+        candidates |= np.asarray(encoding.ids) == encoding.ids[0]
+    return candidates
+
+
+@dataclass
+class _Answer:
+    score: float
+    start: int
+    end: int
+    answer: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"score": self.score, "start": self.start, "end": self.end, "answer": self.answer}
+
+
+@dataclass
+class _Collector:
+    """Answers from all windows so far: equal texts (ignoring case) merge and add their scores.
+
+    Found by their folded text in a dict: one lookup per span, so the merge is linear in windows (a scan of the
+    answers so far made it quadratic: 10 s for one 20,000-character context in 3,900 windows)."""
+
+    answers: list[_Answer] = field(default_factory=list)  # in order of first appearance
+    by_text: dict[str, _Answer] = field(default_factory=dict)  # folded text -> its answer in `answers`
+    null_score: float = 1_000_000.0  # the pipeline's starting value: smallest null score over windows
+
+    def add(self, score: float, start: int, end: int, context: str) -> None:
+        text = context[start:end]
+        folded = text.lower()
+        known = self.by_text.get(folded)
+        if known is not None:
+            known.score += score
+            return
+        answer = _Answer(score, start, end, text)
+        self.by_text[folded] = answer
+        self.answers.append(answer)
+
+
+def postprocess(
+    question: str,
+    context: str,
+    features: QaFeatures,
+    start_logits: list[np.ndarray],
+    end_logits: list[np.ndarray],
+    params: QaParams,
+) -> list[dict[str, Any]]:
+    """Answers {"score", "start", "end", "answer"} best first, at most top_k (a list even when top_k == 1)."""
+    del question  # the answer comes from the context only
+    windows = len(features.rows)
+    if len(start_logits) != windows or len(end_logits) != windows:
+        raise ValueError(f"expected logits for {windows} windows, got {len(start_logits)} and {len(end_logits)}")
+    collector = _Collector()
+    for index in range(windows):
+        _collect_window(collector, context, features, index, start_logits[index], end_logits[index], params)
+    answers = list(collector.answers)
+    if params.handle_impossible_answer:
+        answers.append(_Answer(collector.null_score, 0, 0, ""))
+    ranked = sorted(answers, key=lambda answer: answer.score, reverse=True)[: params.top_k]
+    return [answer.as_dict() for answer in ranked]
+
+
+def _collect_window(
+    collector: _Collector,
+    context: str,
+    features: QaFeatures,
+    index: int,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    params: QaParams,
+) -> None:
+    candidates = features.candidates[index]
+    length = len(candidates)
+    for name, logits in (("start", start_logits), ("end", end_logits)):
+        if np.shape(logits) != (length,):
+            raise ValueError(f"window {index}: {name} logits have shape {np.shape(logits)}, expected ({length},)")
+    p_start = _masked_softmax(start_logits, candidates)
+    p_end = _masked_softmax(end_logits, candidates)
+    collector.null_score = min(collector.null_score, float(p_start[0] * p_end[0]))
+    p_start[0] = p_end[0] = 0.0
+    encoding = features.encodings[index]
+    for start, end, score in _best_spans(p_start, p_end, candidates, params):
+        char_start, char_end = _char_span(encoding, start, end, params.align_to_words)
+        collector.add(score, char_start, char_end, context)
+
+
+def _masked_softmax(logits: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """Softmax over the window in float32, non-candidate tokens at logit -10000."""
+    values = np.where(candidates, np.asarray(logits, dtype=np.float32), MASKED_LOGIT)
+    values = np.exp(values - values.max())
+    return values / values.sum()
+
+
+def _best_spans(
+    p_start: np.ndarray, p_end: np.ndarray, candidates: np.ndarray, params: QaParams
+) -> list[tuple[int, int, float]]:
+    """(start token, end token, score), best first: the top spans, then those inside candidate tokens."""
+    length = len(p_start)
+    scores = np.outer(p_start, p_end)  # float32, scores[s, e]
+    offsets = np.arange(length)[None, :] - np.arange(length)[:, None]  # e - s
+    scores[(offsets < 0) | (offsets >= params.max_answer_len)] = 0.0
+    flat = scores.ravel()
+    order = _top_indices(flat, params.candidates_per_window)
+    allowed = candidates.copy()
+    allowed[0] = True  # the pipeline always counts position 0 as a candidate
+    spans = []
+    for flat_index in order:
+        start, end = divmod(int(flat_index), length)
+        if allowed[start] and allowed[end]:
+            spans.append((start, end, float(flat[flat_index])))
+    return spans
+
+
+def _top_indices(flat: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the `count` largest scores, best first, with numpy's selection so that ties fall the same way."""
+    negated = -flat
+    if count == 1:
+        return np.array([np.argmax(flat)])
+    if len(flat) <= count:
+        return np.argsort(negated)
+    chosen = np.argpartition(negated, count)[:count]
+    return chosen[np.argsort(negated[chosen])]
+
+
+def _char_span(encoding: Encoding, start: int, end: int, align_to_words: bool) -> tuple[int, int]:
+    """Character span in the context of tokens start..end (whole words when aligning and both have words)."""
+    if align_to_words:
+        start_word, end_word = encoding.token_to_word(start), encoding.token_to_word(end)
+        if start_word is not None and end_word is not None:
+            first = encoding.word_to_chars(start_word, CONTEXT_SEQUENCE)
+            last = encoding.word_to_chars(end_word, CONTEXT_SEQUENCE)
+            if first is not None and last is not None:
+                return first[0], last[1]
+    return encoding.offsets[start][0], encoding.offsets[end][1]

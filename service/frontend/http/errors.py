@@ -1,0 +1,141 @@
+"""Every error, ours or the framework's, answered with one body shape: {"error", "error_type", "field"}.
+
+The same body is written by FastAPI's handlers (below), by the pure ASGI middleware (`send_error`: 401, 413) and
+by the HTTP protocol itself before any ASGI app runs (`error_body`: malformed HTTP 400, 408, 414, 431).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.errors import ServiceError, unpaired_surrogate
+from service.frontend.http import schemas
+
+log = logging.getLogger("service.http")
+INVALID_JSON = "the request body is not valid JSON (UTF-8)"
+EMPTY_BODY = "the request body is empty: a JSON object is required"
+STARLETTE_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+
+
+def error_content(error_type: str, message: str, field: str | None = None) -> dict[str, Any]:
+    return {"error": message, "error_type": error_type, "field": field}
+
+
+def error_response(status: int, error_type: str, message: str, field: str | None = None, headers=None) -> JSONResponse:
+    return JSONResponse(error_content(error_type, message, field), status_code=status, headers=headers)
+
+
+def error_body(exc: ServiceError) -> bytes:
+    """The JSON body of a domain error, byte for byte as FastAPI's handlers write it."""
+    return bytes(error_response(exc.status_code, exc.error_type, exc.message, exc.field).body)
+
+
+async def send_error(send: Callable[[dict[str, Any]], Awaitable[None]], exc: ServiceError, close: bool = True) -> None:
+    """Answer a domain error from pure ASGI middleware (outside FastAPI's handlers); `close`: and close the
+    connection (the request's body, if any, is left unread)."""
+    body = error_body(exc)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in exc.headers.items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+async def _service_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    return error_response(exc.status_code, exc.error_type, exc.message, exc.field, exc.headers)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    """Built from exc.errors(), never str(exc); malformed JSON (or invalid UTF-8) is a 400, not a 422."""
+    assert isinstance(exc, RequestValidationError)
+    errors: list[dict[str, Any]] = list(exc.errors())
+    if not errors:
+        return error_response(422, "validation", "the request body is not valid")
+    if errors[0].get("type") == "json_invalid":
+        return error_response(400, "bad_request", INVALID_JSON)
+    if errors[0].get("type") == "missing" and tuple(errors[0].get("loc", ())) == ("body",):
+        return error_response(422, "validation", EMPTY_BODY, "body")
+    # Unions report one error per alternative. An alternative whose type the value is not (a list given where a
+    # string or an object may also go) says nothing about what is wrong where another alternative's type matched;
+    # of the rest, the deepest path is the one that says what is wrong.
+    errors = [error for error in errors if not _wrong_alternative(error)] or errors
+    first = max(errors, key=lambda error: len(_field(error) or ""))
+    field = _field(first)
+    # A string field with constraints (QA's question and context) meets a lone surrogate in pydantic, not in the
+    # server's own check: the same message either way, with the character it is at.
+    text = first.get("input") if first.get("type") == "string_unicode" else None
+    if field and isinstance(text, str) and (surrogate := unpaired_surrogate(field, text)) is not None:
+        return error_response(422, surrogate.error_type, surrogate.message, field)
+    message = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request body"))
+    others = {_field(error) for error in errors if error is not first} - {field, None}
+    if others:
+        message += f" (also: {', '.join(sorted(str(o) for o in others))})"
+    return error_response(422, "validation", message, field)
+
+
+def _field(error: dict[str, Any]) -> str | None:
+    """The path of request fields, without pydantic's union and type tags: inputs.0.question, top_k; for a key
+    that is not allowed, that key (the last part of the path).
+
+    A single input (`"inputs": {...}` rather than a list) is input 0, as the server's own checks name it: pydantic's
+    path for it is inputs, the alternative's tag (QaInput), then the field."""
+    loc = list(error.get("loc", ()))
+    unknown = [str(loc.pop())] if error.get("type") == "extra_forbidden" and len(loc) > 1 else []
+    if "inputs" in loc:
+        after = loc.index("inputs") + 1
+        tags = after
+        while tags < len(loc) and _is_type_tag(loc[tags]):
+            tags += 1
+        if after < tags and (
+            (tags < len(loc) and loc[tags] in schemas.REQUEST_FIELDS) or (unknown and tags == len(loc))
+        ):
+            loc.insert(after, 0)
+    parts = [str(p) for p in loc if isinstance(p, int) or p in schemas.REQUEST_FIELDS]
+    return ".".join(parts + unknown) or None
+
+
+def _wrong_alternative(error: dict[str, Any]) -> bool:
+    """A union alternative refused as a whole for its type (inputs given as a list: its str and TextPair ones)."""
+    loc = error.get("loc", ())
+    last = loc[-1] if loc else None
+    tag = isinstance(last, str) and last not in schemas.REQUEST_FIELDS
+    return tag and str(error.get("type", "")).endswith("_type")
+
+
+def _is_type_tag(part: Any) -> bool:
+    """A union alternative's tag in pydantic's path (QaInput, union[str,TextPair]), not a list's or a field."""
+    return isinstance(part, str) and part not in schemas.REQUEST_FIELDS and not part.startswith("list[")
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    status = exc.status_code
+    error_type = STARLETTE_TYPES.get(status, "bad_request" if status < 500 else "internal")
+    message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(status).phrase
+    if status == 404:
+        message = "no such endpoint; see /docs"
+    elif status == 400:  # FastAPI's own body-parsing failure (e.g. bytes that are not UTF-8)
+        message = INVALID_JSON
+    return error_response(status, error_type, message, headers=getattr(exc, "headers", None))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal", "internal server error")

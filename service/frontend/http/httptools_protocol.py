@@ -1,0 +1,260 @@
+"""uvicorn's httptools protocol with the deadlines and limits it lacks, and the JSON error body on its own errors.
+
+uvicorn closes a connection idle between requests (`timeout_keep_alive`) but has no deadline for a request's
+headers: a client that connects and sends nothing, or a partial request a byte at a time (slowloris), holds the
+connection for ever; nor any limit on the request line or the headers. Per connection, here:
+
+- header timeout: a request's line and headers must arrive within `header_timeout_s` of their first byte, and the
+  first request's within `header_timeout_s` of the connection's opening. Past it the connection is closed: with a
+  408 body where part of a request had come, silently where nothing had (a client's idle pooled connection must
+  not read an unsolicited 408 as the answer to its next request). A request still being answered is finished
+  first, then the connection closes.
+- body timeout: a request that declares a body must deliver it within `body_timeout_s` of its headers; past it a
+  408 and the connection is closed (the app sees the client gone).
+- keep-alive: uvicorn's own timer (`keepalive_timeout_s`).
+- limits: a request target over `max_url_bytes` is a 414, headers over `max_header_bytes` a 431, anything
+  httptools cannot parse a 400; each with the one error body (`service.frontend.http.errors`), `x-request-id`, a warning
+  and an access line, and the connection closed.
+
+And one write per response where uvicorn makes two (`CoalescingTransport`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, cast
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from service.errors import BadRequest, HeadersTooLarge, RequestTimeout, ServiceError, UriTooLong
+from service.frontend.http.errors import error_body
+from service.logs import REQUEST_ID_HEADER, SCOPE_REQUEST_ID, SCOPE_STATUS, access_log, log_access
+
+log = logging.getLogger("service.http")
+REQUEST_LINE_SLACK = 64  # "METHOD ", " HTTP/1.1\r\n" and the CRLFs that may come before a request
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_url_bytes: int = 8192
+    max_header_bytes: int = 16384
+
+
+class CoalescingTransport:
+    """A connection's transport whose writes within one turn of the event loop go out as one write.
+
+    uvicorn writes a response's head and its body separately, and each write to a socket is a send() and a TCP
+    segment: on a loopback connection the head's send alone was 8% of a front-end's time under 1-input load, and
+    the client has two segments to read. Held until the loop's current turn ends, head and body leave together;
+    order is kept, and closing (or a write's end of file) sends what is held first."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._held:
+            self._loop.call_soon(self.flush)
+        self._held.append(bytes(data))
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        if not self._held:
+            return
+        data = b"".join(self._held)  # one held write: the very object, not a copy
+        self._held = []
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(len(data) for data in self._held)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = []
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, pause_reading, ...
+        return getattr(self._transport, name)
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing; the error to answer is in `HttpProtocol._refusal`."""
+
+
+class HttpProtocol(HttpToolsProtocol):
+    limits: HttpLimits = HttpLimits()  # each server's own, set by protocol_class()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_head = True  # the next bytes are a request's line and headers
+        self._head_bytes = 0  # bytes received for the current head (an upper bound: whole chunks)
+        self._url_bytes = 0
+        self._header_bytes = 0
+        self._refusal: ServiceError | None = None
+        self._head_started = time.perf_counter()
+
+    # --- connection and data -------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.transport = cast(asyncio.Transport, CoalescingTransport(transport, self.loop))
+        self._head_started = time.perf_counter()
+        self._arm(self.limits.header_timeout_s, self._head_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._timer is None:
+                self._head_started = time.perf_counter()
+                self._arm(self.limits.header_timeout_s, self._head_timeout)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # websockets are off (ws="none"): an Upgrade request (websocket, h2c) is answered as plain HTTP/1.1,
+            # without uvicorn's warning about installing a websocket library
+            return
+        except httptools.HttpParserError:
+            self._refuse(self._refusal or BadRequest("the request is not valid HTTP/1.1"))
+            return
+        # headers still incomplete: the bytes so far (less the target, plus the method and version) over the limit
+        if self._in_head and self._head_bytes - self._url_bytes > self.limits.max_header_bytes + REQUEST_LINE_SLACK:
+            self._refuse(HeadersTooLarge(f"the request headers are larger than {self.limits.max_header_bytes} bytes"))
+
+    # --- parser callbacks ------------------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._url_bytes = 0
+        self._header_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url_bytes += len(url)
+        if self._url_bytes > self.limits.max_url_bytes:
+            self._refusal = UriTooLong(f"the request target is longer than {self.limits.max_url_bytes} bytes")
+            raise _Refused
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4  # "name: value\r\n"
+        if self._header_bytes > self.limits.max_header_bytes:
+            self._refusal = HeadersTooLarge(f"the request headers are larger than {self.limits.max_header_bytes} bytes")
+            raise _Refused
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        self._disarm()
+        super().on_headers_complete()
+        queued = bool(self.pipeline)  # behind a request still being answered: its body is not read yet
+        if not queued and any(name in (b"content-length", b"transfer-encoding") for name, _ in self.headers):
+            self._arm(self.limits.body_timeout_s, self._body_timeout)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True
+        self._head_bytes = 0
+        self._disarm()
+
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(BadRequest("the request is not valid HTTP/1.1"))
+
+    # --- deadlines ------------------------------------------------------------------------------------------
+    def _arm(self, seconds: float, callback: Any) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_timeout(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False  # answer the request in flight, then close
+            return
+        if self._head_bytes:
+            self._refuse(RequestTimeout(f"the request headers did not arrive in {self.limits.header_timeout_s:g} s"))
+        else:
+            self.transport.close()
+
+    def _body_timeout(self) -> None:
+        self._timer = None
+        if self.cycle is not None and self.cycle.more_body:
+            self._refuse(RequestTimeout(f"the request body did not arrive in {self.limits.body_timeout_s:g} s"))
+
+    # --- refusals -------------------------------------------------------------------------------------------
+    def _refuse(self, error: ServiceError) -> None:
+        """Answer `error` with the JSON body and close: the rest of what the client sends is not read."""
+        self._disarm()
+        cycle = self.cycle
+        if self.transport.is_closing():
+            return
+        in_app: dict[str, Any] | None = None  # the request the app is reading, where the error is about its body
+        if cycle is not None and not cycle.response_complete:
+            if not cycle.more_body:  # about a pipelined request behind one still being answered: answer that one
+                cycle.keep_alive = False
+                self.flow.pause_reading()
+                return
+            if cycle.response_started:  # the app answers already, a body of ours cannot come first
+                self.transport.close()
+                return
+            # the app has (or will have, its task is created) this request: its id and one access line are the
+            # app's, saying what the client got
+            in_app = cast(dict[str, Any], cycle.scope)  # an ASGI scope: ours to annotate, as logs.py does
+            in_app[SCOPE_STATUS] = error.status_code
+        request_id = uuid.uuid4().hex if in_app is None else in_app.setdefault(SCOPE_REQUEST_ID, uuid.uuid4().hex)
+        body = error_body(error)
+        head = [
+            STATUS_LINE[error.status_code],
+            *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
+            b"content-type: application/json\r\n",
+            b"content-length: " + str(len(body)).encode() + b"\r\n",
+            REQUEST_ID_HEADER + b": " + request_id.encode() + b"\r\n",
+            b"connection: close\r\n\r\n",
+        ]
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
+        log.log(
+            logging.INFO if error.status_code == 408 else logging.WARNING,
+            "%d from %s: %s",
+            error.status_code,
+            client,
+            error.message,
+            extra={"request_id": request_id},
+        )
+        if access_log.isEnabledFor(logging.INFO) and in_app is None:
+            duration = time.perf_counter() - self._head_started
+            log_access(request_id, None, None, error.status_code, duration, self.client)
+
+
+def protocol_class(limits: HttpLimits) -> type[HttpProtocol]:
+    """The protocol class for one server's uvicorn.Config(http=...), with its limits."""
+    return type("BertserveHttpProtocol", (HttpProtocol,), {"limits": limits})

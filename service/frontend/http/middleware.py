@@ -1,0 +1,217 @@
+"""Pure ASGI middleware: the request body limit, JSON only, admission by time, per-request metrics, and CORS
+with the one error body."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from starlette import types
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+
+from service.errors import Overloaded, PayloadTooLarge, UnsupportedMediaType
+from service.frontend.http.admission import AdmissionGate
+from service.frontend.http.errors import error_response, send_error
+from service.metrics import Metrics
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+ASGIApp = Callable[..., Any]
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+INFERENCE_ENDPOINTS = ("classify", "ner", "qa")
+
+
+class StatusRecorder:
+    """`send`, noting the response's status on the way (500 until a response starts)."""
+
+    def __init__(self, send: Callable) -> None:
+        self._send = send
+        self.status = 500
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
+
+
+def is_inference(path: str) -> bool:
+    parts = path.split("/")  # ['', 'v1', 'models', name, endpoint]
+    return len(parts) == 5 and parts[1:3] == ["v1", "models"] and parts[4] in INFERENCE_ENDPOINTS
+
+
+class HeadAsGetMiddleware:
+    """HEAD is GET without the body (RFC 9110 9.3.2: every general-purpose server supports both; uptime checkers and
+    load balancers send it to the probes). The app answers it as a GET; the HTTP protocol, whose scope still says
+    HEAD, writes the headers (content-length included) and drops the body."""
+
+    def __init__(self, app: types.ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: types.Scope, receive: types.Receive, send: types.Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await self.app(scope, receive, send)
+
+
+class JsonOnlyMiddleware:
+    """415 for an inference request whose body says it is not JSON (a form, text): the usual mistake is curl -d
+    without a Content-Type header, and without this it is a puzzling 422. No Content-Type at all reads as JSON."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST" and is_inference(scope.get("path", "")):
+            declared = dict(scope.get("headers") or []).get(b"content-type")
+            media = declared.split(b";")[0].strip().lower() if declared is not None else b"application/json"
+            if media != b"application/json" and not media.endswith(b"+json"):
+                shown = media.decode("latin-1")[:100]
+                message = f"the body must be JSON (Content-Type: application/json), not {shown or 'empty'}"
+                await send_error(send, UnsupportedMediaType(message))
+                return
+        await self.app(scope, receive, send)
+
+
+class AdmissionMiddleware:
+    """429 at once, before the body is read or tokenized, for inference requests the gate does not admit."""
+
+    def __init__(self, app: ASGIApp, gate: AdmissionGate, on_refused: Callable[[], None] | None = None) -> None:
+        self.app = app
+        self.gate = gate
+        self.on_refused = on_refused or (lambda: None)
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST" or not is_inference(scope.get("path", "")):
+            await self.app(scope, receive, send)
+            return
+        gate = self.gate
+        if not gate.try_enter():
+            self.on_refused()
+            wait = gate.expected_wait_s()
+            message = (
+                f"the server is at capacity: {gate.in_flight} requests in flight, about {wait:.1f} s of work, would "
+                f"leave a new one no chance to be answered within --max-queue-s {gate.max_queue_s:g}; retry shortly"
+            )
+            await send_error(send, Overloaded(message, retry_after_s=gate.retry_after_s()))
+            return
+        sent = StatusRecorder(send)
+        try:
+            await self.app(scope, receive, sent)
+        finally:
+            gate.leave(completed=200 <= sent.status < 300)
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over `max_bytes`: at once by Content-Length, or as soon as a streamed body passes it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(send)
+            return
+        if declared is None:  # chunked (or no body): read it here, bounded, so that too much is a 413
+            await self._buffered(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await self._reject(send)
+
+    async def _buffered(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before the body was in
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._reject(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect, when it comes
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, send: Callable) -> None:
+        await send_error(send, PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes"))
+
+
+class MetricsMiddleware:
+    """Counts every /v1/models/{name}/{endpoint} request by model, endpoint and status, and times it."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, known_models: Callable[[], set[str]]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.known_models = known_models
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or not scope.get("path", "").startswith("/v1/models/"):
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        sent = StatusRecorder(send)
+        try:
+            await self.app(scope, receive, sent)
+        finally:
+            parts = scope["path"].split("/")  # ['', 'v1', 'models', name, endpoint?]
+            name = parts[3] if len(parts) > 3 else ""
+            model = name if name in self.known_models() else "unknown"  # bounded label values
+            endpoint = parts[4] if len(parts) > 4 and parts[4] in INFERENCE_ENDPOINTS else "info"
+            self.metrics.requests.labels(model, endpoint, str(sent.status)).inc()
+            self.metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
+
+
+class JsonCorsMiddleware(CORSMiddleware):
+    """Starlette's CORS (only installed with --cors-allow-origins); a refused preflight answers the error body,
+    not Starlette's plain text."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        message = f"CORS preflight refused: {bytes(response.body).decode()}"
+        headers = {k: v for k, v in response.headers.items() if k.startswith("access-control-") or k == "vary"}
+        return error_response(400, "bad_request", message, headers=headers)

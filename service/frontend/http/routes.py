@@ -1,0 +1,257 @@
+"""HTTP endpoints: thin. Parse, call Inference, shape the response and its timing headers.
+
+The probes and model information are FastAPI routes (`router`); the inference endpoints are `INFERENCE_ROUTES`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.routing import APIRoute
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
+from starlette.routing import Route
+
+from service.engine.batcher import Ticket
+from service.errors import BadRequest, InvalidInput, NotReady
+from service.frontend.http import schemas
+from service.frontend.http.errors import EMPTY_BODY, INVALID_JSON
+from service.frontend.pipeline import Inference, Timings
+from service.logs import REQUEST_ID
+
+if TYPE_CHECKING:
+    from service.frontend.http.app import ServerState
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": schemas.ErrorBody} for code in (400, 404, 413, 415, 422, 429, 500, 503, 504)
+}
+router = APIRouter()
+
+
+def state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+PROBE_ERRORS: dict[int | str, dict[str, Any]] = {503: {"model": schemas.ErrorBody}}
+
+
+@router.get(
+    "/livez",
+    tags=["probes"],
+    summary="The process is up, and no batch is stuck on the device",
+    responses=PROBE_ERRORS,
+)
+async def livez(request: Request) -> JSONResponse:
+    status, body = state(request).liveness()
+    return JSONResponse(body, status_code=status)
+
+
+@router.get(
+    "/readyz", tags=["probes"], summary="Every model loaded and warmed up, and not draining", responses=PROBE_ERRORS
+)
+async def readyz(request: Request) -> JSONResponse:
+    status, body = state(request).readiness()
+    return JSONResponse(body, status_code=status)
+
+
+@router.get("/metrics", tags=["probes"], summary="Prometheus metrics", response_class=PlainTextResponse)
+async def metrics(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(state(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models", response_model=schemas.ModelList, tags=["models"], summary="Every served model")
+async def list_models(request: Request) -> dict[str, Any]:
+    server = state(request)
+    return {"models": [server.model_info(model) for model in server.registry.models.values()]}
+
+
+@router.get(
+    "/v1/models/{name}", response_model=schemas.ModelInfo, responses=ERRORS, tags=["models"], summary="One model"
+)
+async def get_model(name: str, request: Request) -> dict[str, Any]:
+    server = state(request)
+    return server.model_info(server.registry.lookup(name))
+
+
+@dataclass(frozen=True)
+class InferenceRoute:
+    """One inference endpoint, served as a plain Starlette route and documented as a FastAPI one.
+
+    FastAPI's per-request machinery (dependency solving, its body handling, the included router's matching) was a
+    fifth of a front-end's time under 1-input load; here the body is parsed and validated once against the same
+    request schema, and a body FastAPI would refuse gets the same error. The schema and the docs are built from
+    `documentation()`, an APIRoute that is never mounted."""
+
+    action: str  # the path's last part
+    name: str  # the operation's name in the schema
+    summary: str
+    request: type[BaseModel]
+    response: type[BaseModel]
+    run: Callable[[Inference, str, Any, Ticket], Awaitable[tuple[list, Timings]]]
+
+    @property
+    def path(self) -> str:
+        return f"/v1/models/{{name}}/{self.action}"
+
+    def route(self) -> Route:
+        return Route(self.path, self.serve, methods=["POST"], name=self.name)
+
+    async def serve(self, request: Request) -> Response:
+        try:
+            body = self.request.model_validate(await json_body(request))
+        except ValidationError as exc:  # reported as FastAPI reports a body's errors (service.frontend.http.errors)
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+        name = request.path_params["name"]
+        async with admitted(request) as ticket:
+            results, timings = await self.run(state(request).inference, name, body, ticket)
+        return answer(name, results, timings, ticket)
+
+    def documentation(self) -> APIRoute:
+        def endpoint(name: str, body: BaseModel) -> None:  # documents the operation; requests go to serve()
+            raise NotImplementedError
+
+        parameters = inspect.signature(endpoint).parameters
+        endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [parameters["name"].replace(annotation=str), parameters["body"].replace(annotation=self.request)]
+        )
+        return APIRoute(
+            self.path,
+            endpoint,
+            methods=["POST"],
+            name=self.name,
+            response_model=self.response,
+            responses=ERRORS,
+            tags=["inference"],
+            summary=self.summary,
+        )
+
+
+async def json_body(request: Request) -> Any:
+    """The request's JSON, as FastAPI reads a body: none is a missing body, and bytes that are not JSON in UTF-8
+    a 400. (A body that says it is something else was refused before: JsonOnlyMiddleware.)"""
+    raw = await request.body()
+    if not raw:
+        raise InvalidInput(EMPTY_BODY, field="body")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested past the parser's depth
+        raise BadRequest(f"{INVALID_JSON}: {_why_not_json(exc)}") from None
+
+
+def _why_not_json(exc: Exception) -> str:
+    """What the parser found wrong, and where, so that a client can find the fault in what it sent."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"byte {exc.start} is not UTF-8"
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
+    if "integer string conversion" in str(exc):
+        return f"a number has more digits than the parser takes ({sys.get_int_max_str_digits()})"
+    return "it cannot be parsed"
+
+
+async def _classify(inference: Inference, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
+    items = body.inputs if isinstance(body.inputs, list) else [body.inputs]
+    inputs = [item if isinstance(item, str) else (item.text, item.text_pair) for item in items]
+    return await inference.classify(name, inputs, body.top_k, ticket)
+
+
+SPLIT_WORDS_NEED_LISTS = (
+    "with is_split_into_words, inputs is one text's words (a list of strings) or a list of such lists, not a mix"
+)
+WORD_LISTS_NEED_SPLIT = "inputs holds lists of words: send is_split_into_words: true with them, or texts"
+
+
+async def _recognize(inference: Inference, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
+    inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
+    lists = sum(isinstance(item, list) for item in inputs)
+    if body.is_split_into_words:
+        if isinstance(body.inputs, str) or 0 < lists < len(inputs):
+            raise InvalidInput(SPLIT_WORDS_NEED_LISTS, field="inputs")
+        return await inference.ner(name, inputs if lists else [inputs], body.aggregation_strategy, ticket)
+    if lists:
+        raise InvalidInput(WORD_LISTS_NEED_SPLIT, field="inputs")
+    return await inference.ner(name, inputs, body.aggregation_strategy, ticket)
+
+
+async def _answer_questions(inference: Inference, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
+    items = body.inputs if isinstance(body.inputs, list) else [body.inputs]
+    params = body.model_dump(exclude={"inputs"})
+    return await inference.qa(name, [(item.question, item.context) for item in items], params, ticket)
+
+
+INFERENCE_ROUTES = (
+    InferenceRoute(
+        "classify",
+        "classify",
+        "Sequence classification of texts or text pairs",
+        schemas.ClassifyRequest,
+        schemas.ClassifyResponse,
+        _classify,
+    ),
+    InferenceRoute(
+        "ner",
+        "recognize",
+        "Named entities (token classification with aggregation)",
+        schemas.NerRequest,
+        schemas.NerResponse,
+        _recognize,
+    ),
+    InferenceRoute(
+        "qa",
+        "answer_questions",
+        "Extractive question answering",
+        schemas.QaRequest,
+        schemas.QaResponse,
+        _answer_questions,
+    ),
+)
+
+
+@contextlib.asynccontextmanager
+async def admitted(request: Request) -> AsyncIterator[Ticket]:
+    """Refuse work while draining; give the work a deadline; cancel it if the client goes away."""
+    server = state(request)
+    if server.draining:
+        raise NotReady("the server is shutting down")
+    ticket = Ticket.with_timeout(server.settings.request_timeout_s, request_id=REQUEST_ID.get())
+    ticket.started = time.perf_counter()
+    watcher = asyncio.create_task(_watch_disconnect(request, ticket))
+    try:
+        yield ticket
+    finally:
+        watcher.cancel()
+
+
+async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
+    """Wait for the ASGI `http.disconnect` message: one sleeping task per request, no polling.
+
+    The body has been read by now, so the next message the server hands over is the disconnect (uvicorn sends
+    it when the client closes the connection, or once the response is complete, when this task is cancelled)."""
+    message = await request.receive()
+    if message["type"] == "http.disconnect":
+        ticket.cancel()
+
+
+def answer(name: str, results: list, timings: Timings, ticket: Ticket) -> JSONResponse:
+    headers = {
+        "x-total-time-ms": f"{1000 * (time.perf_counter() - ticket.started):.2f}",
+        "x-tokenization-time-ms": f"{1000 * timings.tokenization_s:.2f}",
+        "x-queue-time-ms": f"{1000 * timings.queue_s:.2f}",
+        "x-inference-time-ms": f"{1000 * timings.inference_s:.2f}",
+        "x-inference-calls": str(timings.inference_calls),
+        "x-rows": str(timings.rows),
+    }
+    return JSONResponse({"model": name, "results": results}, headers=headers)

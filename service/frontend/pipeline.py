@@ -1,0 +1,230 @@
+"""From parsed inputs to answers: limits, tokenization (off the event loop), batching, post-processing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from bertcore.tasks import classification, ner, qa
+from bertcore.tasks.base import Row
+from service.engine.batcher import Ticket
+from service.errors import InvalidInput, WrongTask, unpaired_surrogate
+from service.frontend.engine_client import Engine
+from service.frontend.registry import SELF_TEST, ModelRegistry, ServedModel
+from service.metrics import Metrics
+from service.settings import Settings
+from service.system.memory import IdleRelease, malloc_trim
+
+T = TypeVar("T")
+# Classification text up to this many characters is tokenized on the event loop (~0.1 ms per 1,000 characters):
+# handing it to a thread and back costs more, and under load the thread waits for the GIL anyway.
+INLINE_CHARS = 2_000
+ENDPOINT_OF_TASK = {"classification": "classify", "ner": "ner", "qa": "qa"}
+
+
+@dataclass
+class Timings:
+    tokenization_s: float = 0.0
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+    inference_calls: int = 0
+    rows: int = 0
+
+
+class Inference:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: ModelRegistry,
+        engine: Engine,
+        executor: ThreadPoolExecutor,
+        metrics: Metrics,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.registry = registry
+        self.engine = engine
+        self.executor = executor
+        # Tokenizer outputs and numpy buffers of large requests stay in glibc's heap: return them once idle.
+        self.memory = IdleRelease("frontend", settings.release_memory_idle_s, malloc_trim)
+
+    async def model_for(self, name: str, task: str, ticket: Ticket) -> ServedModel:
+        """The model, if it serves `task`. Waiting for an engine that is (re)connecting counts as queueing: it is
+        bounded by --max-queue-s and the request's deadline."""
+        wait_s = min(self.settings.max_queue_s, ticket.deadline - time.monotonic())
+        model = await self.registry.serving(name, wait_s)
+        if model.task != task:
+            endpoint = ENDPOINT_OF_TASK.get(model.task or "", "")
+            raise WrongTask(f"model {name} is a {model.task} model; use POST /v1/models/{name}/{endpoint}")
+        return model
+
+    def check_texts(self, texts: Sequence[tuple[str, str]]) -> None:
+        """(field, text) pairs against the request limits, and text the tokenizer can take."""
+        for where, text in texts:
+            if len(text) > self.settings.max_chars_per_input:
+                raise InvalidInput(
+                    f"{where} has {len(text)} characters; the limit is {self.settings.max_chars_per_input}",
+                    field=where,
+                )
+            if not text.isascii() and (surrogate := unpaired_surrogate(where, text)) is not None:
+                raise surrogate
+
+    def check_count(self, count: int) -> None:
+        if count > self.settings.max_inputs_per_request:
+            raise InvalidInput(
+                f"{count} inputs in one request; the limit is {self.settings.max_inputs_per_request}", field="inputs"
+            )
+
+    async def classify(
+        self, name: str, inputs: list[classification.TextInput], top_k: int | None, ticket: Ticket
+    ) -> tuple[list[list[dict]], Timings]:
+        model = await self.model_for(name, "classification", ticket)
+        self.check_count(len(inputs))
+        truncate = self.settings.token_overflow == "truncate"
+        timings = Timings()
+        texts = _classify_texts(inputs)
+        self.check_texts(texts)
+        rows = await self._off_loop(
+            timings,
+            lambda: classification.prepare(model.loaded_tokenizer, inputs, model.max_length, truncate),
+            inline=sum(len(text) for _, text in texts) <= INLINE_CHARS,
+        )
+        outputs = await self._run(model, rows, ticket, timings)
+        labels, problem_type = model.labels, model.config.problem_type if model.config else None
+        results = [classification.postprocess(out["logits"], labels, problem_type, top_k) for out in outputs]
+        return results, timings
+
+    async def ner(
+        self, name: str, inputs: list[str] | list[list[str]], strategy: str, ticket: Ticket
+    ) -> tuple[list[list[dict]], Timings]:
+        """Entities of each text; of each text given as its words, where `inputs` holds lists of words."""
+        model = await self.model_for(name, "ner", ticket)
+        self.check_count(len(inputs))
+        sources = [item if isinstance(item, str) else ner.Words.join(item) for item in inputs]
+        texts = [source if isinstance(source, str) else source.text for source in sources]
+        for i, item in enumerate(inputs):
+            if not isinstance(item, str) and not texts[i].isascii():  # a fault in a word is named as that word's
+                self.check_texts([(f"inputs.{i}.{j}", word) for j, word in enumerate(item)])
+        self.check_texts([(f"inputs.{i}", text) for i, text in enumerate(texts)])
+        timings = Timings()
+        stride = ner.default_stride(model.loaded_tokenizer, model.max_length)
+        features = await self._off_loop(
+            timings, lambda: [ner.prepare(model.loaded_tokenizer, item, model.max_length, stride) for item in sources]
+        )
+        outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
+        per_input = _split(outputs, [len(f.rows) for f in features])
+
+        def post() -> list[list[dict]]:
+            return [
+                ner.postprocess(text, f, [o["logits"] for o in outs], model.labels, strategy)
+                for text, f, outs in zip(texts, features, per_input, strict=True)
+            ]
+
+        return await self._checked(post), timings
+
+    async def qa(
+        self, name: str, pairs: list[tuple[str, str]], options: dict[str, Any], ticket: Ticket
+    ) -> tuple[list[list[dict]], Timings]:
+        model = await self.model_for(name, "qa", ticket)
+        try:
+            params = qa.QaParams(**options)
+            params.window(model.max_length)
+        except qa.QaInputError as exc:
+            raise InvalidInput(str(exc), field=exc.field) from exc
+        self.check_count(len(pairs))
+        self.check_texts(
+            [
+                (f"inputs.{i}.{part}", text)
+                for i, pair in enumerate(pairs)
+                for part, text in zip(("question", "context"), pair, strict=True)
+            ]
+        )
+        timings, s = Timings(), self.settings
+        features = await self._off_loop(
+            timings,
+            lambda: qa.prepare_all(
+                model.loaded_tokenizer, pairs, params, model.max_length, s.max_qa_windows, s.max_chars_per_input
+            ),
+        )
+        outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
+        per_input = _split(outputs, [len(f.rows) for f in features])
+
+        def post() -> list[list[dict]]:
+            return [
+                qa.postprocess(q, c, f, [o["start_logits"] for o in outs], [o["end_logits"] for o in outs], params)
+                for (q, c), f, outs in zip(pairs, features, per_input, strict=True)
+            ]
+
+        return await self._checked(post), timings
+
+    async def self_test(self, model: ServedModel) -> None:
+        """One real request through the whole path before the model is reported ready; a ServiceError (or any
+        exception) says why it cannot serve."""
+        ticket = Ticket.with_timeout(max(self.settings.request_timeout_s, 60.0))
+        token = SELF_TEST.set(True)
+        try:
+            if model.task == "classification":
+                await self.classify(model.name, ["bertserve self-test"], None, ticket)
+            elif model.task == "ner":
+                await self.ner(model.name, ["The bertserve self-test runs in Paris."], "simple", ticket)
+            else:
+                await self.qa(model.name, [("What runs?", "The bertserve self-test runs.")], {}, ticket)
+        finally:
+            SELF_TEST.reset(token)
+
+    async def _off_loop(self, timings: Timings, work: Callable[[], T], inline: bool = False) -> T:
+        """Tokenize on the pool; small work (`inline`) right here, where a thread hop would cost more than it."""
+        started = time.perf_counter()
+        if inline:
+            try:
+                result = work()
+            except ValueError as exc:
+                raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
+        else:
+            result = await self._checked(work)
+        timings.tokenization_s = time.perf_counter() - started
+        return result
+
+    async def _checked(self, work: Callable[[], T]) -> T:
+        """Run CPU work on the tokenizer pool; a ValueError from a task module is the client's input (422), with
+        the field it names where it names one."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, work)
+        except ValueError as exc:
+            raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
+
+    async def _run(self, model: ServedModel, rows: list[Row], ticket: Ticket, timings: Timings) -> list[Any]:
+        self.memory.begin()
+        try:
+            outputs = await self.engine.infer(model.name, rows, ticket)
+        finally:
+            self.memory.end(large=sum(len(row) for row in rows) >= self.settings.release_memory_min_tokens)
+        timings.queue_s = ticket.queue_seconds
+        timings.inference_s = ticket.inference_seconds
+        timings.inference_calls = ticket.inference_calls
+        timings.rows = len(rows)
+        self.metrics.queue_duration.labels(model.name).observe(timings.queue_s)
+        self.metrics.tokenization_duration.labels(model.name).observe(timings.tokenization_s)
+        return outputs
+
+
+def _classify_texts(inputs: list[classification.TextInput]) -> list[tuple[str, str]]:
+    texts = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, str):
+            texts.append((f"inputs.{i}", item))
+        else:
+            texts.extend([(f"inputs.{i}.text", item[0]), (f"inputs.{i}.text_pair", item[1])])
+    return texts
+
+
+def _split(outputs: list[T], counts: list[int]) -> list[list[T]]:
+    result, start = [], 0
+    for count in counts:
+        result.append(outputs[start : start + count])
+        start += count
+    return result

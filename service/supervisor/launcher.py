@@ -1,0 +1,251 @@
+"""Process mode: one engine process per device, then N front-end processes on one port; supervised.
+
+- Start: the engine first (it loads and warms up every model), then the front-ends once its socket is there.
+  Front-ends report ready (/readyz) only when the engine says its models are warmed up.
+- An engine that dies is restarted; the front-ends answer its in-flight requests 503 at once, report not ready
+  meanwhile, and reconnect by themselves; new requests wait for it up to --max-queue-s. A front-end that dies is
+  restarted. A process that is stuck is killed, and so restarted: its event loop silent for --liveness-stall-s (a
+  state file it rewrites says when it last ran), or, in the engine, a batch on the device --liveness-stall-s past
+  every request's deadline; or a start that has not come to writing that file in ENGINE_START_S / FRONTEND_START_S.
+  (A hung front-end still holds its share of the port's new connections: the kernel keeps handing them to its
+  listening socket.)
+- SIGTERM/SIGINT: the front-ends drain first (stop admitting, finish in-flight requests), then the engine stops.
+- Metrics: every process writes to one PROMETHEUS_MULTIPROC_DIR; any front-end's /metrics is the merged view. The
+  launcher writes there too: `bertserve_process_restarts_total{process, reason}` (engine or front-end; exited or
+  stuck), every series there from the start at 0, so that the first restart is an increase an alert can see.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import Counter, values
+from prometheus_client.multiprocess import mark_process_dead
+
+from service.metrics import MULTIPROCESS_DIR
+from service.probes import StateFile, liveness
+from service.settings import Settings
+
+log = logging.getLogger("service.supervisor.launcher")
+POLL_S = 0.1
+ENGINE_START_S = 600.0  # loading every model, before the socket appears (warm-up happens after)
+FRONTEND_START_S = 120.0  # imports and the app's start-up, before it writes its state file (seconds, normally)
+QUICK_EXIT_S = 10.0  # a process that exits sooner than this after its start is failing to start
+MAX_QUICK_EXITS = 3
+
+
+def uses_gpu(settings: Settings) -> bool:
+    """The CUDA provider is installed and an NVIDIA device is present (not only listed by onnxruntime-gpu)."""
+    if settings.device == "cpu" or not Path("/dev/nvidiactl").exists():
+        return False
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+def resolve_engine_mode(settings: Settings) -> str:
+    if settings.engine_mode != "auto":
+        return settings.engine_mode
+    return "process" if uses_gpu(settings) else "in-process"
+
+
+@dataclass
+class Child:
+    name: str
+    command: list[str]  # run with --heartbeat PATH added: the state file it keeps writing once it serves
+    heartbeat: StateFile
+    start_s: float  # the longest a start may take before the state file appears
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    quick_exits: int = 0
+    pids: list[int] = field(default_factory=list)
+    killed_as_stuck: bool = False  # the exit that follows is the launcher's kill: counted as "stuck"
+
+    def start(self, env: dict[str, str]) -> None:
+        self.heartbeat.path.unlink(missing_ok=True)  # an earlier process's state does not stand for this one
+        self.killed_as_stuck = False
+        self.process = subprocess.Popen([*self.command, "--heartbeat", str(self.heartbeat.path)], env=env)
+        self.started = time.monotonic()
+        self.pids.append(self.process.pid)
+        log.info("%s started (pid %d)", self.name, self.process.pid)
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def stuck(self, stall_s: float) -> str | None:
+        """Why it counts as stuck, from its state file: its event loop silent past `stall_s`, or its own verdict
+        (a device stuck). Before the file exists (loading holds the event loop; the file comes after), only a start
+        longer than `start_s`."""
+        state = self.heartbeat.read()
+        if state is None:
+            starting = time.monotonic() - self.started
+            return f"it has not begun to serve {starting:.0f} s after its start" if starting > self.start_s else None
+        status, body = liveness(state, stall_s)
+        return None if status == 200 else str(body["error"])
+
+    def signal(self, sig: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.error("%s did not stop in %.0f s; killing it", self.name, timeout)
+            self.process.kill()
+            return self.process.wait(5)
+
+
+def restart_counter(metrics_dir: Path) -> Counter:
+    """The launcher's one metric, written to the children's multiprocess directory (a file of this process's own,
+    merged into every front-end's /metrics). prometheus_client picks multiprocess values from the environment at
+    import, before this process knew the directory: chosen here by hand."""
+    os.environ[MULTIPROCESS_DIR] = str(metrics_dir)
+    values.ValueClass = values.MultiProcessValue()
+    restarts = Counter(
+        "bertserve_process_restarts",
+        "Processes the process-mode launcher restarted: the engine or a front-end; it exited, or it was stuck and "
+        "killed (the launcher's log says why).",
+        ["process", "reason"],
+        registry=None,
+    )
+    for process in ("engine", "front-end"):
+        for reason in ("exited", "stuck"):
+            restarts.labels(process, reason)
+    return restarts
+
+
+class Launcher:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.workdir = Path(tempfile.mkdtemp(prefix="bertserve-"))
+        metrics_dir = self.workdir / "metrics"
+        metrics_dir.mkdir()
+        self.metrics_dir = metrics_dir
+        self.restarts = restart_counter(metrics_dir)
+        self.socket_path = self.workdir / "engine.sock"
+        # several front-ends share the cores: the tokenizers library's own thread pool in each would only fight
+        self.env = {
+            "TOKENIZERS_PARALLELISM": "false",
+            **os.environ,
+            **settings.to_env(),
+            MULTIPROCESS_DIR: str(metrics_dir),
+        }
+        python = sys.executable
+        self.engine = Child(
+            "engine",
+            [python, "-m", "service.engine", "--socket", str(self.socket_path)],
+            StateFile(self.workdir / "engine.state"),
+            ENGINE_START_S,
+        )
+        self.frontends = [
+            Child(
+                f"front-end {i}",
+                [python, "-m", "service.frontend", "--engine-socket", str(self.socket_path)],
+                StateFile(self.workdir / f"front-end-{i}.state"),
+                FRONTEND_START_S,
+            )
+            for i in range(settings.frontend_count)
+        ]
+        self.stopping = False
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        try:
+            problem = self._port_problem()
+            if problem:
+                print(f"error: {problem}", file=sys.stderr)
+                return 2
+            code = self._start_engine()
+            if code is not None:
+                return code
+            for frontend in self.frontends:
+                frontend.start(self.env)
+            log.info(
+                "process mode: 1 engine, %d front-ends on %s:%d",
+                len(self.frontends),
+                self.settings.host,
+                self.settings.port,
+            )
+            code = self._supervise()
+            self._shutdown()
+            return code
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _stop(self, sig: int, frame: object) -> None:
+        self.stopping = True
+
+    def _port_problem(self) -> str | None:
+        family = socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.settings.host, self.settings.port))
+            except OSError as exc:
+                return f"cannot listen on {self.settings.host}:{self.settings.port}: {exc.strerror}"
+        return None
+
+    def _start_engine(self) -> int | None:
+        """Start the engine and wait for its socket; its exit code where it cannot start (it said why)."""
+        self.socket_path.unlink(missing_ok=True)
+        self.engine.start(self.env)
+        deadline = time.monotonic() + ENGINE_START_S
+        while not self.socket_path.exists():
+            code = self.engine.exited()
+            if code is not None:
+                return code or 1
+            if self.stopping or time.monotonic() > deadline:
+                self.engine.signal(signal.SIGTERM)
+                self.engine.wait(10)
+                return 1 if not self.stopping else 0
+            time.sleep(POLL_S)
+        return None
+
+    def _supervise(self) -> int:
+        while not self.stopping:
+            time.sleep(POLL_S)
+            for child in (self.engine, *self.frontends):
+                code = child.exited()
+                if code is None and not self.stopping and (why := child.stuck(self.settings.liveness_stall_s)):
+                    log.error("%s (pid %d) is stuck: %s; killing it", child.name, child.pids[-1], why)
+                    child.heartbeat.path.unlink(missing_ok=True)  # judged once: the kill takes a moment to show
+                    child.killed_as_stuck = True
+                    child.signal(signal.SIGKILL)  # and the next round restarts it, as one that died
+                if code is None or self.stopping:
+                    continue
+                quick = time.monotonic() - child.started < QUICK_EXIT_S
+                child.quick_exits = child.quick_exits + 1 if quick else 0
+                log.error("%s (pid %d) exited with %s; restarting it", child.name, child.pids[-1], code)
+                mark_process_dead(child.pids[-1], str(self.metrics_dir))
+                if child.quick_exits >= MAX_QUICK_EXITS:
+                    log.error("%s keeps failing at start; stopping the server", child.name)
+                    return 1
+                if child is self.engine:
+                    self.socket_path.unlink(missing_ok=True)
+                role = "engine" if child is self.engine else "front-end"
+                self.restarts.labels(role, "stuck" if child.killed_as_stuck else "exited").inc()
+                child.start(self.env)
+        return 0
+
+    def _shutdown(self) -> None:
+        for frontend in self.frontends:
+            frontend.signal(signal.SIGTERM)
+        for frontend in self.frontends:
+            if frontend.process is not None:
+                frontend.wait(self.settings.drain_timeout_s + 5)
+        self.engine.signal(signal.SIGTERM)
+        self.engine.wait(30)
+        log.info("stopped")

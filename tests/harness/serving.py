@@ -1,0 +1,99 @@
+"""Start `python -m service` in its own process on a free loopback port, and wait until it is ready.
+
+Used by the integration tests, the benchmarks and the load-test checks alike: it lives with the tests, and the
+benchmarks import it from here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServiceProcess:
+    url: str
+    process: subprocess.Popen
+    log_path: Path | None = None
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 30), **kwargs)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def wait_ready(self, timeout: float = 120, path: str = "/readyz", body: dict | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                response = httpx.post(self.url + path, json=body) if body else httpx.get(self.url + path, timeout=2)
+                if response.status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server not ready in {timeout} s:\n{self.log()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait(5)
+
+
+def start(
+    command: list[str],
+    log_path: Path | None = None,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    source: Path = ROOT,
+) -> ServiceProcess:
+    """Run `python COMMAND... --port PORT` (the port is added) in `source` (a checkout of this project: this one,
+    or another's for a before/after comparison), output to log_path (or inherited); `env` is added to this
+    process's environment."""
+    port = port or free_port()
+    env = {**os.environ, **(env or {}), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    full = [sys.executable, *command, "--port", str(port)]
+    if log_path is None:
+        process = subprocess.Popen(full, cwd=source, env=env)
+    else:
+        with log_path.open("w") as log:
+            process = subprocess.Popen(full, cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return ServiceProcess(f"http://127.0.0.1:{port}", process, log_path)
+
+
+def start_service(
+    repository: Path,
+    *args: str,
+    log_path: Path | None = None,
+    wait: bool = True,
+    env: dict[str, str] | None = None,
+    source: Path = ROOT,
+) -> ServiceProcess:
+    command = ["-m", "service", "--repository", str(repository), "--host", "127.0.0.1", *args]
+    server = start(command, log_path, env=env, source=source)
+    if wait:
+        server.wait_ready()
+    return server

@@ -1,0 +1,114 @@
+"""The front-end's side of the engine socket (`RemoteEngine`) against a real unix socket: when an engine that is
+connected but says nothing counts as silent, and when a silence is the front-end's own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertcore.tasks.base import Row
+from service.engine.batcher import Ticket
+from service.errors import EngineUnavailable
+from service.frontend.engine_client import RemoteEngine
+from service.probes import HEARTBEAT_S
+from service.wire import frames
+
+STATE = frames.encode({"op": "state", "ready": True, "models": {}})
+BEAT = frames.encode({"op": "beat"})
+
+
+class FakeEngineSocket:
+    """A unix socket server that sends the state and then beats, as an engine process does, while `beating`; it
+    answers nothing, and keeps the ops of the frames it reads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.beating = True
+        self.closed = False
+        self.received: list[str] = []
+        self._server: asyncio.AbstractServer | None = None
+
+    async def __aenter__(self) -> FakeEngineSocket:
+        self._server = await asyncio.start_unix_server(self._connection, path=str(self.path))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self.closed = True
+        self._server.close()
+        await asyncio.sleep(2 * HEARTBEAT_S)  # its connections see `closed` and end
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(STATE)
+        reading = asyncio.create_task(self._read(reader))
+        while not self.closed:
+            if self.beating:
+                writer.write(BEAT)
+            await asyncio.sleep(HEARTBEAT_S)
+        writer.close()
+        reading.cancel()
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                self.received.append((await frames.read_frame(reader)).header["op"])
+
+
+async def connected(engine: RemoteEngine) -> None:
+    await engine.start(on_change=lambda: None)
+    for _ in range(100):
+        if engine.ready:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("never connected")
+
+
+def test_an_engine_that_stops_beating_is_silent_and_refused_at_once(tmp_path: Path) -> None:
+    asyncio.run(stops_beating(tmp_path))
+
+
+async def stops_beating(tmp_path: Path) -> None:
+    engine = RemoteEngine(tmp_path / "engine.sock", silence_s=1.0)
+    async with FakeEngineSocket(engine.path) as fake:
+        await connected(engine)
+        await asyncio.sleep(1.5)
+        assert engine.unresponsive() is None and engine.ready  # beating: heard
+        fake.beating = False
+        started = time.monotonic()
+        row = Row(np.array([101, 102], np.int64), np.zeros(2, np.int64))
+        with pytest.raises(EngineUnavailable, match="while this request was in flight; try again shortly"):
+            await engine.infer("m", [row], Ticket.with_timeout(60.0))  # the fake engine never answers it
+        took = time.monotonic() - started
+        assert 0.9 < took < 1.8, took
+        await asyncio.sleep(HEARTBEAT_S)
+        assert fake.received == ["infer", "cancel"]  # where it wakes up, it drops the rows not run
+        assert "has not been heard from for" in str(engine.unresponsive())
+        with pytest.raises(EngineUnavailable, match=r"\(--engine-silence-s 1\); try again shortly"):
+            await engine.infer("m", [], ticket=None)  # type: ignore[arg-type]  # refused before the ticket is read
+        fake.beating = True
+        await asyncio.sleep(3 * HEARTBEAT_S)
+        assert engine.unresponsive() is None
+        await engine.stop()
+
+
+def test_a_front_end_whose_own_loop_was_held_does_not_blame_the_engine(tmp_path: Path) -> None:
+    """Frames wait unread in the socket while this process's loop is held: that is not the engine's silence."""
+    asyncio.run(loop_held(tmp_path))
+
+
+async def loop_held(tmp_path: Path) -> None:
+    engine = RemoteEngine(tmp_path / "engine.sock", silence_s=1.0)
+    async with FakeEngineSocket(engine.path):
+        await connected(engine)
+        await asyncio.sleep(0.5)
+        for _ in range(3):
+            time.sleep(1.5)  # the front-end's event loop held (a long GIL holder, a paused VM) past the bound
+            for _ in range(4):
+                await asyncio.sleep(HEARTBEAT_S / 2)
+                assert engine.unresponsive() is None
+        await engine.stop()
