@@ -48,11 +48,13 @@ test: $(INSTALLED)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
 lint: $(INSTALLED)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 format: $(INSTALLED)
 	$(PY) -m ruff format .

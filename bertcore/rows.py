@@ -1,11 +1,14 @@
-"""What a task hands the batcher: model input rows, one per sequence or window."""
+"""What a task hands the engine: model input rows of token ids, one per sequence or window."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from tokenizers import Encoding
+
+if TYPE_CHECKING:  # the engine takes rows and never loads a tokenizer
+    from tokenizers import Encoding
 
 
 @dataclass(frozen=True)

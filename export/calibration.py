@@ -21,9 +21,10 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from bertcore.messages import one_line
 from export.calibration_text import builtin_texts
 from export.checkpoint import Checkpoint
-from export.errors import ExportError, first_line
+from export.errors import ExportError
 from export.variants import INT8_WEIGHT_LIMIT
 
 Text = tuple[str, str | None]
@@ -44,7 +45,7 @@ def calibration_set(task: str, path: Path | None) -> CalibrationSet:
         with path.open(encoding="utf-8", newline="") as stream:
             rows = [row for row in csv.reader(stream, delimiter="\t", quoting=csv.QUOTE_NONE) if any(row)]
     except (OSError, UnicodeDecodeError) as exc:
-        raise ExportError(f"cannot read the calibration text {path}: {first_line(exc)}") from exc
+        raise ExportError(f"cannot read the calibration text {path}: {one_line(exc)}") from exc
     if not rows:
         raise ExportError(f"the calibration text {path} has no text: static int8 needs at least one input line")
     if task == "qa":
@@ -460,7 +461,7 @@ def _observed_ranges(
     try:
         session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise ExportError(f"static int8: cannot run the graph to calibrate it: {first_line(exc)}") from exc
+        raise ExportError(f"static int8: cannot run the graph to calibrate it: {one_line(exc)}") from exc
     low: dict[str, np.ndarray] = {}
     high: dict[str, np.ndarray] = {}
     for feed in feeds:

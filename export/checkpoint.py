@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+from bertcore.messages import one_line
 from export.architectures import ARCHITECTURES, Architecture, Task, supported_summary, task_of_architecture
-from export.errors import ExportError, first_line
+from export.errors import ExportError
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -60,9 +61,9 @@ def load_checkpoint(source: str, task: str = "auto", max_length: int | None = No
         config = AutoConfig.from_pretrained(str(local_dir or source))
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError... for the same "cannot load" story
         if local_dir:
-            raise ExportError(f"could not read {local_dir / 'config.json'}: {first_line(exc)}") from exc
+            raise ExportError(f"could not read {local_dir / 'config.json'}: {one_line(exc)}") from exc
         raise ExportError(
-            f"checkpoint {source!r} is not a local directory and could not be fetched from the hub ({first_line(exc)})"
+            f"checkpoint {source!r} is not a local directory and could not be fetched from the hub ({one_line(exc)})"
         ) from exc
     architecture, class_name = _check_architecture(source, config.model_type, config.architectures)
     resolved_task = _resolve_task(source, class_name, task)
@@ -110,7 +111,7 @@ def _read_raw_config(local_dir: Path) -> dict[str, Any]:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"could not read {path}: {first_line(exc)}") from exc
+        raise ExportError(f"could not read {path}: {one_line(exc)}") from exc
     if not isinstance(raw, dict):
         raise ExportError(f"{path} is not a JSON object")
     return raw
@@ -158,7 +159,7 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
             output_loading_info=True,
         )
     except Exception as exc:
-        raise ExportError(f"could not load the weights of {source}: {first_line(exc)}") from exc
+        raise ExportError(f"could not load the weights of {source}: {one_line(exc)}") from exc
     missing = sorted(k for k in info.get("missing_keys", ()) if not k.endswith(NON_PERSISTENT_SUFFIXES))
     mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
     if missing or mismatched:
@@ -176,7 +177,7 @@ def _load_tokenizer(source: str, local_dir: Path | None) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(local_dir or source))
     except Exception as exc:
-        raise ExportError(f"could not load the tokenizer of {source}: {first_line(exc)}") from exc
+        raise ExportError(f"could not load the tokenizer of {source}: {one_line(exc)}") from exc
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise ExportError(
             f"the tokenizer of {source} ({type(tokenizer).__name__}) has no fast (tokenizers) form; "

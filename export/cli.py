@@ -8,7 +8,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from export.errors import ExportError, first_line
+from bertcore.messages import one_line
+from export.errors import ExportError
 
 DESCRIPTION = """Export a fine-tuned BERT, RoBERTa, ALBERT or DistilBERT checkpoint (sequence classification,
 token classification or question answering) to a validated, optimized ONNX model-repository entry.
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted; the repository was left as it was", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug or an environment problem: still one line, and a non-zero exit
-        print(f"error: unexpected failure: {first_line(exc)}", file=sys.stderr)
+        print(f"error: unexpected failure: {one_line(exc)}", file=sys.stderr)
         return 2
     from export.report import summary
 

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from bertcore.messages import one_line
 from bertcore.tasks import ner, qa
 from bertcore.tokenization import TextTokenizer
 from export.checkpoint import Checkpoint
-from export.errors import ExportError, first_line
+from export.errors import ExportError
 from export.validation import pad_rows
 
 PRIMARY_METRIC = {"classification": "accuracy", "ner": "f1", "qa": "f1"}
@@ -80,7 +81,7 @@ def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) 
         reader = readers[checkpoint.task]
         examples = reader(path, checkpoint)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"--eval {path}: cannot read it as {FORMATS[checkpoint.task]}: {first_line(exc)}") from exc
+        raise ExportError(f"--eval {path}: cannot read it as {FORMATS[checkpoint.task]}: {one_line(exc)}") from exc
     examples = examples[:limit] if limit else examples
     if not examples:
         raise ExportError(f"--eval {path} has no examples ({FORMATS[checkpoint.task]} expected)")

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 
+from bertcore.messages import one_line
 from export.architectures import OUTPUT_AXES, OUTPUT_NAMES
 from export.checkpoint import Checkpoint
-from export.errors import ExportError, first_line
+from export.errors import ExportError
 
 MIN_OPSET = 14
 MAX_OPSET = 20
@@ -45,7 +46,7 @@ def export_onnx(checkpoint: Checkpoint, path: Path, opset: int) -> None:
                 dynamo=False,
             )
     except Exception as exc:
-        raise ExportError(f"torch.onnx.export failed: {first_line(exc)}") from exc
+        raise ExportError(f"torch.onnx.export failed: {one_line(exc)}") from exc
 
 
 class PositionalOutputs(torch.nn.Module):

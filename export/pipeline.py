@@ -13,12 +13,13 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
+from bertcore.messages import one_line
 from bertcore.model_config import FORMAT_VERSION
 from bertcore.version import __version__
 from export.architectures import OUTPUT_NAMES
 from export.calibration import CalibrationSet, calibration_feeds, calibration_set, write_int8_static
 from export.checkpoint import Checkpoint, load_checkpoint
-from export.errors import ExportError, first_line
+from export.errors import ExportError
 from export.evaluation import (
     DEFAULT_MAX_LOSS,
     FORMATS,
@@ -240,8 +241,8 @@ def _validate_variant(
         session = create_session(str(path), provider)
     except Exception as exc:
         if variant == "fp32":
-            raise ExportError(f"onnxruntime cannot load the fused fp32 graph: {first_line(exc)}") from exc
-        return Validation(variant=variant, validated=False, reason=f"session failed: {first_line(exc)}")
+            raise ExportError(f"onnxruntime cannot load the fused fp32 graph: {one_line(exc)}") from exc
+        return Validation(variant=variant, validated=False, reason=f"session failed: {one_line(exc)}")
     if session.get_providers()[0] != provider:
         return Validation(variant=variant, validated=False, reason=f"{provider} could not be initialised")
     tolerance = FP32_TOLERANCE if variant == "fp32" else None
@@ -253,7 +254,7 @@ def _save_tokenizer(checkpoint: Checkpoint, entry: Path) -> dict[str, Any]:
     try:
         tokenizer.save_pretrained(str(entry))
     except Exception as exc:
-        raise ExportError(f"could not save the tokenizer: {first_line(exc)}") from exc
+        raise ExportError(f"could not save the tokenizer: {one_line(exc)}") from exc
     if not (entry / "tokenizer.json").is_file():
         raise ExportError("the tokenizer did not produce tokenizer.json, which the server loads")
     special = {

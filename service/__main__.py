@@ -11,10 +11,11 @@ import sys
 
 from pydantic import ValidationError
 
+from service.errors import StartupError
 from service.frontend.http.app import create_app
 from service.frontend.http.auth import ApiKeys, open_paths
 from service.frontend.http.server import serve
-from service.repository import StartupError, discover
+from service.repository import discover
 from service.settings import settings_from_cli
 from service.supervisor.launcher import Launcher, resolve_engine_mode
 

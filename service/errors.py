@@ -1,7 +1,12 @@
 """One domain error hierarchy. Each class carries its HTTP status and error type; `service.frontend.http.errors` maps
-them (and FastAPI's own errors) to one body shape in one place."""
+them (and FastAPI's own errors) to one body shape in one place. The messages about a model's state are written once,
+here, for the front-end and the engine alike."""
 
 from __future__ import annotations
+
+
+class StartupError(Exception):
+    """The server must not start; the message says why."""
 
 
 class ServiceError(Exception):
@@ -54,6 +59,10 @@ class ModelNotFound(ServiceError):
     status_code = 404
     error_type = "not_found"
 
+    @classmethod
+    def named(cls, name: str) -> ModelNotFound:
+        return cls(f"no model named {name[:100]!r}; GET /v1/models lists the served models")
+
 
 class PayloadTooLarge(ServiceError):
     status_code = 413
@@ -99,6 +108,10 @@ class ModelFailed(ServiceError):
     status_code = 503
     error_type = "unavailable"
 
+    @classmethod
+    def because(cls, name: str, reason: str | None) -> ModelFailed:
+        return cls(f"model {name} failed to load: {reason}")
+
 
 class NotReady(ServiceError):
     status_code = 503
@@ -106,6 +119,10 @@ class NotReady(ServiceError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, headers={"Retry-After": "1"})
+
+    @classmethod
+    def loading(cls, name: str) -> NotReady:
+        return cls(f"model {name} is still loading")
 
 
 class EngineUnavailable(NotReady):

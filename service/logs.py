@@ -15,12 +15,9 @@ import json
 import logging
 import re
 import sys
-import time
 import uuid
 from contextvars import ContextVar
 from datetime import UTC, datetime
-
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("bertserve_request_id", default=None)
 REQUEST_ID_HEADER = b"x-request-id"
@@ -123,50 +120,3 @@ def log_access(
         fields["duration_ms"],
         extra={"request_id": request_id, "access": fields},
     )
-
-
-class RequestContextMiddleware:
-    """The outermost layer: the request's id (context variable, response header) and its access line."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        raw = None
-        for name, value in scope["headers"]:
-            if name == REQUEST_ID_HEADER:
-                raw = value
-                break
-        # the HTTP protocol may have named the request already (it answered it while the app was starting)
-        request_id = scope.get(SCOPE_REQUEST_ID) or request_id_from(raw)
-        # Not reset afterwards: the request has a task of its own (uvicorn), and uvicorn's own lines about it
-        # ("Exception in ASGI application") come after this returns.
-        REQUEST_ID.set(request_id)
-        scope[SCOPE_REQUEST_ID] = request_id
-        header = (REQUEST_ID_HEADER, request_id.encode("ascii"))
-        started = time.perf_counter()
-        status = 500  # what the client gets if the app raises before answering (uvicorn's 500)
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers = [h for h in message.get("headers", ()) if h[0].lower() != REQUEST_ID_HEADER]
-                message = {**message, "headers": [*headers, header]}
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            if access_log.isEnabledFor(logging.INFO):
-                log_access(
-                    request_id,
-                    scope.get("method"),
-                    scope.get("path"),
-                    scope.get(SCOPE_STATUS, status),
-                    time.perf_counter() - started,
-                    scope.get("client"),
-                )

@@ -3,11 +3,11 @@
 On the main port a probe waits behind everything else the event loop has to do: seconds under overload, and an
 orchestrator kills a pod whose liveness probe times out. A thread in the server process was not enough either:
 it waits for the GIL (p99 116 ms at 3x overload on 2 cores, where a bare process answered in 9 ms). So a small
-child process answers, from a state file the server's event loop rewrites every HEARTBEAT_S: the time it last
+child process answers, from a heartbeat file the server's event loop rewrites every HEARTBEAT_S: the time it last
 ran, and the /livez and /readyz verdicts. Liveness is "the event loop ran within `--liveness-stall-s`, and no batch
 is stuck on the device" (`alive_unless`), so a loop that is stuck (not merely busy) still fails the probe;
 readiness is the main port's verdict, at most HEARTBEAT_S old. In process mode every process (the engine, each
-front-end) writes such a state file too, for the launcher (`liveness`), which restarts one that is stuck.
+front-end) writes such a heartbeat file too, for the launcher (`liveness`), which restarts one that is stuck.
 
 The server opens the listening socket itself (a port in use fails its start, as the main port would) and hands
 it to the child, which exits when the server's end of its stdin closes: it never outlives the server.
@@ -49,8 +49,9 @@ def alive_unless(stuck: str | None) -> Verdict:
     return ALIVE if stuck is None else unavailable(f"not alive: {stuck}")
 
 
-class StateFile:
-    """What a watcher knows of a process: {"beat": monotonic seconds, and its verdicts, e.g. "live", "ready"}."""
+class HeartbeatFile:
+    """A process's heartbeat file, for whoever watches it (the launcher, the probe port's process):
+    {"beat": monotonic seconds, and its verdicts, e.g. "live", "ready"}."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -65,7 +66,7 @@ class StateFile:
         try:
             self.write(**verdicts)
         except OSError as exc:
-            log.warning("could not write the state file %s: %s", self.path.name, exc)
+            log.warning("could not write the heartbeat file %s: %s", self.path.name, exc)
 
     def read(self) -> dict[str, Any] | None:
         try:
@@ -74,7 +75,7 @@ class StateFile:
             return None
 
 
-def keep_writing(state: StateFile, verdicts: Callable[[], dict[str, Verdict]], name: str) -> asyncio.Task:
+def keep_writing(state: HeartbeatFile, verdicts: Callable[[], dict[str, Verdict]], name: str) -> asyncio.Task:
     """Write the state now (a file that cannot be written fails the start), then every HEARTBEAT_S from this event
     loop, in the task returned: each write is a beat, the proof that the loop runs."""
     state.write(**verdicts())
@@ -118,7 +119,7 @@ def verdicts(state: dict[str, Any] | None, stall_s: float) -> tuple[Verdict, Ver
 
 
 class ProbeProcess:
-    """The server's side: writes the state file from the event loop, and runs the child that answers."""
+    """The server's side: writes the heartbeat file from the event loop, and runs the child that answers."""
 
     def __init__(
         self, sock: socket.socket, liveness: Callable[[], Verdict], readiness: Callable[[], Verdict], stall_s: float
@@ -127,7 +128,7 @@ class ProbeProcess:
         self._liveness = liveness
         self._readiness = readiness
         self._dir = Path(tempfile.mkdtemp(prefix="bertserve-probes-"))
-        self.state = StateFile(self._dir / "state.json")
+        self.state = HeartbeatFile(self._dir / "state.json")
         self._stall_s = stall_s
         self._child: subprocess.Popen | None = None
         self._task: asyncio.Task | None = None
@@ -162,14 +163,14 @@ class ProbeProcess:
             self._dir.rmdir()
 
 
-def probe_child(sock: socket.socket, state: StateFile, stall_s: float) -> subprocess.Popen:
+def probe_child(sock: socket.socket, state: HeartbeatFile, stall_s: float) -> subprocess.Popen:
     """Start the process that answers on `sock`; it exits when its stdin closes."""
     fd = sock.fileno()
     flags = ["--fd", str(fd), "--state", str(state.path), "--stall-s", str(stall_s)]
     return subprocess.Popen([sys.executable, "-m", "service.probes", *flags], stdin=subprocess.PIPE, pass_fds=(fd,))
 
 
-def serve_probes(sock: socket.socket, state: StateFile, stall_s: float) -> ThreadingHTTPServer:
+def serve_probes(sock: socket.socket, state: HeartbeatFile, stall_s: float) -> ThreadingHTTPServer:
     """The child's HTTP server on `sock` (not started)."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -209,10 +210,10 @@ def serve_probes(sock: socket.socket, state: StateFile, stall_s: float) -> Threa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.probes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--fd", type=int, required=True, help="the listening socket, opened by the server")
-    parser.add_argument("--state", type=Path, required=True, help="the state file the server rewrites")
+    parser.add_argument("--state", type=Path, required=True, help="the heartbeat file the server rewrites")
     parser.add_argument("--stall-s", type=float, required=True, help="liveness fails past this much silence")
     args = parser.parse_args(argv)
-    httpd = serve_probes(socket.socket(fileno=args.fd), StateFile(args.state), args.stall_s)
+    httpd = serve_probes(socket.socket(fileno=args.fd), HeartbeatFile(args.state), args.stall_s)
     threading.Thread(target=httpd.serve_forever, name="probes", daemon=True).start()
     sys.stdin.buffer.read()  # returns when the server closes its end, or dies
     return 0

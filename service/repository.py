@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
+from bertcore.messages import one_line
 from bertcore.model_config import MODEL_CONFIG, ModelConfig
+from service.errors import StartupError
 from service.settings import Settings
-
-
-class StartupError(Exception):
-    """The server must not start; the message says why."""
 
 
 def discover(settings: Settings) -> list[Path]:
@@ -49,8 +49,18 @@ def read_config(entry: Path) -> ModelConfig:
     return ModelConfig.read(entry)
 
 
-def one_line(exc: BaseException, settings: Settings | None = None) -> str:
-    """An exception as one line for logs and /v1/models, without where the repository sits on disk."""
-    text = str(exc).strip().splitlines()
-    line = f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
-    return line.replace(str(settings.repository), "") if settings is not None else line
+def load_entries(
+    settings: Settings, log: logging.Logger, load: Callable[[Path], None], failed: Callable[[str, str], None]
+) -> None:
+    """Run `load` on every entry to serve: the loop the front-end (configs, tokenizers) and the engine (sessions) both
+    run at start. A failure is logged and handed to `failed(name, reason)`, or raised as StartupError where
+    --load-failure is fail."""
+    for entry in discover(settings):
+        try:
+            load(entry)
+        except Exception as exc:
+            reason = one_line(exc, hide=settings.repository)
+            log.error("model %s failed to load: %s", entry.name, reason)
+            failed(entry.name, reason)
+            if settings.load_failure == "fail":
+                raise StartupError(f"model {entry.name} failed to load: {reason}") from exc

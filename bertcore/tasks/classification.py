@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertcore.tasks.base import Row
+from bertcore.rows import Row
+from bertcore.tasks.errors import TaskInputError
 from bertcore.tokenization import TextTokenizer
-from service.errors import InvalidInput
 
 TextInput = str | tuple[str, str]
 
@@ -21,7 +21,7 @@ def prepare(tokenizer: TextTokenizer, inputs: list[TextInput], max_length: int, 
         text, pair = (item, None) if isinstance(item, str) else item
         if len(encoding.ids) > max_length:
             if not truncate:
-                raise InvalidInput(
+                raise TaskInputError(
                     f"input {index} is {len(encoding.ids)} tokens long; this model takes at most {max_length}",
                     field=f"inputs.{index}",
                 )

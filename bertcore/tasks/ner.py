@@ -43,7 +43,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from tokenizers import Encoding
 
-from bertcore.tasks.base import Row
+from bertcore.rows import Row
+from bertcore.tasks.errors import TaskInputError
 from bertcore.tokenization import TextTokenizer
 
 AGGREGATION_STRATEGIES = ("none", "simple", "first", "average", "max")
@@ -136,19 +137,21 @@ def default_stride(tokenizer: TextTokenizer, max_length: int) -> int:
 
 def check_strategy(strategy: str) -> None:
     if strategy not in AGGREGATION_STRATEGIES:
-        raise ValueError(
-            f"unknown aggregation strategy {strategy!r}; expected one of: {', '.join(AGGREGATION_STRATEGIES)}"
+        raise TaskInputError(
+            f"unknown aggregation strategy {strategy!r}; expected one of: {', '.join(AGGREGATION_STRATEGIES)}",
+            field="aggregation_strategy",
         )
 
 
 def prepare(tokenizer: TextTokenizer, source: str | Words, max_length: int, stride: int) -> NerFeatures:
     """Tokenize a text (or words, joined) into windows of at most `max_length` tokens overlapping by `stride`."""
     if window_capacity(tokenizer, max_length) < 1:
-        raise ValueError(f"max_length {max_length} leaves no room for text between the special tokens")
+        raise TaskInputError(f"max_length {max_length} leaves no room for text between the special tokens")
     if not 0 <= stride <= max_stride(tokenizer, max_length):
-        raise ValueError(
+        raise TaskInputError(
             f"stride must be between 0 and {max_stride(tokenizer, max_length)} for max_length {max_length}, "
-            f"got {stride}"
+            f"got {stride}",
+            field="stride",
         )
     words = source if isinstance(source, Words) else None
     text = source.text if isinstance(source, Words) else source

@@ -62,7 +62,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
-from bertcore.tasks.base import Row
+from bertcore.rows import Row
+from bertcore.tasks.errors import TaskInputError
 from bertcore.tokenization import TextTokenizer
 
 DEFAULT_MAX_SEQ_LEN = 384
@@ -71,13 +72,12 @@ MASKED_LOGIT = np.float32(-10000.0)
 CONTEXT_SEQUENCE = 1  # question first, context second
 
 
-class QaInputError(ValueError):
-    """A ValueError that names what to change: a parameter ("max_seq_len", "doc_stride") or a part of the input
-    ("question", "context")."""
+class QaInputError(TaskInputError):
+    """Input QA cannot take; the field is always named: a parameter ("max_seq_len", "doc_stride") or a part of the
+    input ("question", "context")."""
 
     def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field)
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
+from service.wire.ticket import Ticket
 
 log = logging.getLogger("service.engine.batcher")
 _LENGTH = operator.attrgetter("length")
@@ -63,31 +64,6 @@ class Sized(Protocol):
 class BatchObserver(Protocol):
     def on_batch(self, rows: int, padded_tokens: int, real_tokens: int, seconds: float) -> None: ...
     def on_queue_depth(self, rows: int) -> None: ...
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One request's stake in the queue: its deadline, whether its client is still there, and its timings."""
-
-    deadline: float  # time.monotonic() seconds
-    cancelled: bool = False
-    started: float = 0.0  # time.perf_counter() at admission, for the total time
-    queue_seconds: float = 0.0  # longest wait of any of its rows
-    inference_seconds: float = 0.0  # run time of the batches its rows were in
-    inference_calls: int = 0
-    on_cancel: list[Callable[[], None]] = field(default_factory=list)
-    request_id: str | None = None  # the HTTP request's x-request-id, for the log lines about its rows
-
-    @classmethod
-    def with_timeout(cls, seconds: float, request_id: str | None = None) -> Ticket:
-        return cls(deadline=time.monotonic() + seconds, request_id=request_id)
-
-    def cancel(self) -> None:
-        """The client went away (or the deadline passed): drop the rows not run yet, tell whoever listens."""
-        if not self.cancelled:
-            self.cancelled = True
-            for callback in self.on_cancel:
-                callback()
 
 
 class _Request:

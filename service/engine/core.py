@@ -10,15 +10,19 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from bertcore.tasks.base import Row
-from service.engine.batcher import Batcher, Ticket
+from bertcore.messages import one_line
+from bertcore.rows import Row
+from service.engine.batcher import Batcher
 from service.engine.runtime import ModelRuntime
 from service.errors import ModelFailed, ModelNotFound, NotReady
 from service.metrics import Metrics
-from service.repository import StartupError, discover, one_line, read_config
+from service.repository import load_entries, read_config
 from service.settings import Settings
+from service.wire.model_status import ModelStatus
+from service.wire.ticket import Ticket
 
 log = logging.getLogger("service.engine")
 
@@ -26,7 +30,7 @@ log = logging.getLogger("service.engine")
 @dataclass
 class EngineModel:
     name: str
-    status: str = "loading"  # loading -> ready | failed
+    status: ModelStatus = ModelStatus.LOADING  # loading -> ready | failed
     error: str | None = None
     runtime: ModelRuntime | None = None
     batcher: Batcher | None = None
@@ -57,31 +61,28 @@ class EngineCore:
 
     def load(self) -> None:
         """Open every entry's session. StartupError where a model fails and --load-failure is fail."""
-        for entry in discover(self.settings):
-            model = EngineModel(entry.name)
-            self.models[entry.name] = model
-            try:
-                model.runtime = ModelRuntime(entry, read_config(entry), self.settings)
-            except Exception as exc:
-                model.status, model.error = "failed", one_line(exc, self.settings)
-                log.error("model %s failed to load: %s", model.name, model.error)
-                if self.settings.load_failure == "fail":
-                    raise StartupError(f"model {model.name} failed to load: {model.error}") from exc
-                continue
-            runtime = model.runtime
-            log.info(
-                "model %s: %s (%s); %d stream(s) of %d intra-op thread(s)",
-                model.name,
-                runtime.provider,
-                runtime.variant,
-                runtime.streams,
-                runtime.intra_op_threads,
-            )
-            if runtime.placement.note:
-                log.warning("model %s: %s", model.name, runtime.placement.note)
-            self.metrics.model_info.labels(
-                model.name, runtime.config.task, runtime.config.architecture, runtime.variant, runtime.provider
-            ).set(1)
+        load_entries(self.settings, log, self._open, self._failed)
+
+    def _open(self, entry: Path) -> None:
+        model = self.models[entry.name] = EngineModel(entry.name)
+        runtime = model.runtime = ModelRuntime(entry, read_config(entry), self.settings)
+        log.info(
+            "model %s: %s (%s); %d stream(s) of %d intra-op thread(s)",
+            model.name,
+            runtime.provider,
+            runtime.variant,
+            runtime.streams,
+            runtime.intra_op_threads,
+        )
+        if runtime.placement.note:
+            log.warning("model %s: %s", model.name, runtime.placement.note)
+        self.metrics.model_info.labels(
+            model.name, runtime.config.task, runtime.config.architecture, runtime.variant, runtime.provider
+        ).set(1)
+
+    def _failed(self, name: str, reason: str) -> None:
+        model = self.models.setdefault(name, EngineModel(name))
+        model.status, model.error = ModelStatus.FAILED, reason
 
     def start(self) -> None:
         for model in self.models.values():
@@ -124,7 +125,8 @@ class EngineCore:
                 try:
                     model.warmed_shapes = await model.batcher.run_on_worker(model.runtime.warm_up)
                 except Exception as exc:
-                    model.status, model.error = "failed", f"warm-up failed: {one_line(exc, self.settings)}"
+                    reason = one_line(exc, hide=self.settings.repository)
+                    model.status, model.error = ModelStatus.FAILED, f"warm-up failed: {reason}"
                     log.error("model %s: %s", model.name, model.error)
                     self.on_change()
                     continue
@@ -134,7 +136,7 @@ class EngineCore:
                     model.warmed_shapes,
                     asyncio.get_running_loop().time() - started,
                 )
-            model.status = "ready"
+            model.status = ModelStatus.READY
             self.on_change()
         self.warmed_up = True
         self.on_change()
@@ -147,11 +149,11 @@ class EngineCore:
         """The model's runtime and batcher where it takes requests now; else the domain error that says why not."""
         model = self.models.get(name)
         if model is None:
-            raise ModelNotFound(f"no model named {name[:100]!r}; GET /v1/models lists the served models")
-        if model.status == "failed":
-            raise ModelFailed(f"model {name} failed to load: {model.error}")
-        if model.status != "ready" or model.batcher is None or model.runtime is None:
-            raise NotReady(f"model {name} is still loading")
+            raise ModelNotFound.named(name)
+        if model.status == ModelStatus.FAILED:
+            raise ModelFailed.because(name, model.error)
+        if model.status != ModelStatus.READY or model.batcher is None or model.runtime is None:
+            raise NotReady.loading(name)
         return model.runtime, model.batcher
 
     async def stop(self) -> None:
@@ -169,5 +171,5 @@ class EngineCore:
                 )
         return None
 
-    def states(self) -> dict[str, dict[str, Any]]:
+    def model_reports(self) -> dict[str, dict[str, Any]]:
         return {name: model.state() for name, model in self.models.items()}

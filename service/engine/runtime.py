@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from bertcore.model_config import ModelConfig
-from bertcore.tasks.base import Row
+from bertcore.rows import Row
 from service.engine.buckets import ShapeGrid
 from service.settings import Settings
 from service.system.memory import IdleRelease, malloc_trim

@@ -17,17 +17,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bertcore.tasks.base import Row
+from bertcore.rows import Row
 from service import probes
-from service.engine.batcher import Ticket
 from service.engine.core import EngineCore
-from service.errors import InferenceFailed, ServiceError
+from service.errors import InferenceFailed, ServiceError, StartupError
 from service.logs import REQUEST_ID
 from service.metrics import Metrics
-from service.repository import StartupError
 from service.settings import Settings
 from service.system import garbage_collector
 from service.wire import frames
+from service.wire.ticket import Ticket
 
 log = logging.getLogger("service.engine.server")
 # How long a thread that wants the interpreter lock waits for a busy holder to give it up (Python's default: 5 ms).
@@ -67,7 +66,7 @@ class EngineServer:
         self.path.unlink(missing_ok=True)
 
     def _state(self) -> bytes:
-        return frames.encode({"op": "state", "ready": self.core.warmed_up, "models": self.core.states()})
+        return frames.encode({"op": "state", "ready": self.core.warmed_up, "models": self.core.model_reports()})
 
     def _broadcast_state(self) -> None:
         self._broadcast(self._state())
@@ -183,7 +182,7 @@ async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -
         def verdicts() -> dict[str, probes.Verdict]:
             return {"live": probes.alive_unless(core.stuck())}
 
-        background.append(probes.keep_writing(probes.StateFile(heartbeat), verdicts, name="heartbeat"))
+        background.append(probes.keep_writing(probes.HeartbeatFile(heartbeat), verdicts, name="heartbeat"))
     server = EngineServer(core, path)
     await server.start()
     log.info("engine: listening on %s", path)
@@ -203,7 +202,7 @@ async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.engine", description=__doc__)
     parser.add_argument("--socket", type=Path, required=True, help="unix socket to listen on")
-    parser.add_argument("--heartbeat", type=Path, help="a state file to keep writing (service.probes.StateFile)")
+    parser.add_argument("--heartbeat", type=Path, help="a heartbeat file to keep writing (probes.HeartbeatFile)")
     args = parser.parse_args(argv)
     settings = Settings()
     settings.configure_logging()

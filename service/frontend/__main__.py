@@ -19,7 +19,7 @@ from service.settings import Settings
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.frontend", description=__doc__)
     parser.add_argument("--engine-socket", type=Path, required=True, help="the engine process's unix socket")
-    parser.add_argument("--heartbeat", type=Path, help="a state file to keep writing (service.probes.StateFile)")
+    parser.add_argument("--heartbeat", type=Path, help="a heartbeat file to keep writing (probes.HeartbeatFile)")
     args = parser.parse_args(argv)
     settings = Settings()
     settings.configure_logging()

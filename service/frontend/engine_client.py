@@ -15,13 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bertcore.tasks.base import Row
+from bertcore.rows import Row
 from service import probes
-from service.engine.batcher import Ticket
 from service.errors import DeadlineExceeded, EngineUnavailable
 from service.metrics import Metrics
 from service.settings import Settings
 from service.wire import frames
+from service.wire.ticket import Ticket
 
 if TYPE_CHECKING:  # a front-end process of an engine process never loads onnxruntime
     from service.engine.core import EngineCore
@@ -36,7 +36,7 @@ class Engine(Protocol):
     def connected(self) -> bool: ...
     @property
     def ready(self) -> bool: ...
-    def states(self) -> dict[str, dict[str, Any]]: ...
+    def model_reports(self) -> dict[str, dict[str, Any]]: ...
     def stuck(self) -> str | None: ...
     def unresponsive(self) -> str | None: ...
     def load(self) -> None: ...
@@ -62,8 +62,8 @@ class LocalEngine:
     def ready(self) -> bool:
         return self.core.warmed_up
 
-    def states(self) -> dict[str, dict[str, Any]]:
-        return self.core.states()
+    def model_reports(self) -> dict[str, dict[str, Any]]:
+        return self.core.model_reports()
 
     def stuck(self) -> str | None:
         return self.core.stuck()
@@ -126,7 +126,7 @@ class RemoteEngine:
     def ready(self) -> bool:
         return self.connected and self._ready
 
-    def states(self) -> dict[str, dict[str, Any]]:
+    def model_reports(self) -> dict[str, dict[str, Any]]:
         return self._states
 
     def stuck(self) -> str | None:

@@ -9,15 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from bertcore.rows import Row
 from bertcore.tasks import classification, ner, qa
-from bertcore.tasks.base import Row
-from service.engine.batcher import Ticket
 from service.errors import InvalidInput, WrongTask, unpaired_surrogate
 from service.frontend.engine_client import Engine
 from service.frontend.registry import SELF_TEST, ModelRegistry, ServedModel
 from service.metrics import Metrics
 from service.settings import Settings
 from service.system.memory import IdleRelease, malloc_trim
+from service.wire.ticket import Ticket
 
 T = TypeVar("T")
 # Classification text up to this many characters is tokenized on the event loop (~0.1 ms per 1,000 characters):
@@ -35,7 +35,7 @@ class Timings:
     rows: int = 0
 
 
-class Inference:
+class RequestPipeline:
     def __init__(
         self,
         settings: Settings,

@@ -20,8 +20,9 @@ from bertcore.tokenization import TextTokenizer
 from service.errors import EngineUnavailable, ModelFailed, ModelNotFound, NotReady
 from service.frontend.engine_client import Engine
 from service.metrics import Metrics
-from service.repository import StartupError, discover, one_line, read_config
+from service.repository import load_entries, read_config
 from service.settings import Settings
+from service.wire.model_status import ModelStatus
 
 log = logging.getLogger("service.frontend.registry")
 SELF_TEST: ContextVar[bool] = ContextVar("self_test", default=False)  # this task is a model's self-test
@@ -34,26 +35,26 @@ class ServedModel:
     config: ModelConfig | None = None
     tokenizer: TextTokenizer | None = None
     error: str | None = None  # the front-end's own failure (config, tokenizer, self-test)
-    engine_state: dict[str, Any] = field(default_factory=dict)
+    engine_report: dict[str, Any] = field(default_factory=dict)
     self_tested: bool = False  # one real request went through the whole path
 
     @property
-    def status(self) -> str:
+    def status(self) -> ModelStatus:
         """loading -> checking (the self-test) -> ready | failed; failed on either side is failed."""
         if self.error is not None:
-            return "failed"
-        engine_status = str(self.engine_state.get("status", "loading"))
-        if engine_status == "ready" and not self.self_tested:
-            return "checking"
+            return ModelStatus.FAILED
+        engine_status = ModelStatus(self.engine_report.get("status", ModelStatus.LOADING))
+        if engine_status == ModelStatus.READY and not self.self_tested:
+            return ModelStatus.CHECKING
         return engine_status
 
     @property
     def failure(self) -> str | None:
-        return self.error or self.engine_state.get("error")
+        return self.error or self.engine_report.get("error")
 
     def load_failure(self) -> ModelFailed:
         """The error a request to this model gets while it is failed."""
-        return ModelFailed(f"model {self.name} failed to load: {self.failure}")
+        return ModelFailed.because(self.name, self.failure)
 
     @property
     def task(self) -> str | None:
@@ -96,27 +97,25 @@ class ModelRegistry:
 
     def load(self) -> None:
         """Read every entry's config and tokenizer. StartupError where one fails and --load-failure is fail."""
-        for entry in discover(self.settings):
-            model = ServedModel(entry.name, entry)
-            self.models[entry.name] = model
-            try:
-                model.config = read_config(entry)
-                spec = model.config.tokenizer
-                model.tokenizer = TextTokenizer.load(entry / spec.file, spec.pad_token_id)
-                _check_vocabulary(model.config, model.tokenizer)
-            except Exception as exc:
-                model.error = one_line(exc, self.settings)
-                log.error("model %s failed to load: %s", model.name, model.error)
-                if self.settings.load_failure == "fail":
-                    raise StartupError(f"model {model.name} failed to load: {model.error}") from exc
+        load_entries(self.settings, log, self._open, self._failed)
         self.sync()
+
+    def _open(self, entry: Path) -> None:
+        model = self.models[entry.name] = ServedModel(entry.name, entry)
+        model.config = read_config(entry)
+        spec = model.config.tokenizer
+        model.tokenizer = TextTokenizer.load(entry / spec.file, spec.pad_token_id)
+        _check_vocabulary(model.config, model.tokenizer)
+
+    def _failed(self, name: str, reason: str) -> None:
+        self.models[name].error = reason
 
     def sync(self) -> None:
         """Take the engine's latest word on every model (called whenever it changes)."""
-        states = self.engine.states()
+        states = self.engine.model_reports()
         for model in self.models.values():
-            model.engine_state = states.get(model.name, {})
-            self.metrics.model_ready.labels(model.name).set(1 if model.status == "ready" else 0)
+            model.engine_report = states.get(model.name, {})
+            self.metrics.model_ready.labels(model.name).set(1 if model.status == ModelStatus.READY else 0)
         if self._changed is not None:
             self._changed.set()
             self._changed = None
@@ -125,32 +124,34 @@ class ModelRegistry:
     def ready(self) -> bool:
         """The engine is up and warmed up, every model passed its self-test or failed, and some model can answer.
         Failed models are reported, not waited for."""
-        return self.engine.ready and not self.loading and any(m.status == "ready" for m in self.models.values())
+        return (
+            self.engine.ready and not self.loading and any(m.status == ModelStatus.READY for m in self.models.values())
+        )
 
     @property
     def failed(self) -> list[str]:
-        return sorted(m.name for m in self.models.values() if m.status == "failed")
+        return sorted(m.name for m in self.models.values() if m.status == ModelStatus.FAILED)
 
     @property
     def loading(self) -> list[str]:
-        return sorted(m.name for m in self.models.values() if m.status in ("loading", "checking"))
+        return sorted(m.name for m in self.models.values() if m.status in (ModelStatus.LOADING, ModelStatus.CHECKING))
 
     def lookup(self, name: str) -> ServedModel:
         """The model named `name`, whatever its status; ModelNotFound where there is none."""
         model = self.models.get(name)
         if model is None:
-            raise ModelNotFound(f"no model named {name[:100]!r}; GET /v1/models lists the served models")
+            raise ModelNotFound.named(name)
         return model
 
     def get(self, name: str) -> ServedModel:
         """The model, ready to answer: ModelFailed, EngineUnavailable or NotReady otherwise."""
         model = self.lookup(name)
-        if model.status == "failed":
+        if model.status == ModelStatus.FAILED:
             raise model.load_failure()
         if not self.engine.connected:
             raise EngineUnavailable("the engine is not connected (starting or restarting); try again shortly")
-        if model.status != "ready" and not (model.status == "checking" and SELF_TEST.get()):
-            raise NotReady(f"model {name} is still loading")
+        if model.status != ModelStatus.READY and not (model.status == ModelStatus.CHECKING and SELF_TEST.get()):
+            raise NotReady.loading(name)
         return model
 
     async def serving(self, name: str, wait_s: float) -> ServedModel:

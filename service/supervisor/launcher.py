@@ -5,7 +5,7 @@
 - An engine that dies is restarted; the front-ends answer its in-flight requests 503 at once, report not ready
   meanwhile, and reconnect by themselves; new requests wait for it up to --max-queue-s. A front-end that dies is
   restarted. A process that is stuck is killed, and so restarted: its event loop silent for --liveness-stall-s (a
-  state file it rewrites says when it last ran), or, in the engine, a batch on the device --liveness-stall-s past
+  heartbeat file it rewrites says when it last ran), or, in the engine, a batch on the device --liveness-stall-s past
   every request's deadline; or a start that has not come to writing that file in ENGINE_START_S / FRONTEND_START_S.
   (A hung front-end still holds its share of the port's new connections: the kernel keeps handing them to its
   listening socket.)
@@ -33,13 +33,13 @@ from prometheus_client import Counter, values
 from prometheus_client.multiprocess import mark_process_dead
 
 from service.metrics import MULTIPROCESS_DIR
-from service.probes import StateFile, liveness
+from service.probes import HeartbeatFile, liveness
 from service.settings import Settings
 
 log = logging.getLogger("service.supervisor.launcher")
 POLL_S = 0.1
 ENGINE_START_S = 600.0  # loading every model, before the socket appears (warm-up happens after)
-FRONTEND_START_S = 120.0  # imports and the app's start-up, before it writes its state file (seconds, normally)
+FRONTEND_START_S = 120.0  # imports and the app's start-up, before it writes its heartbeat file (seconds, normally)
 QUICK_EXIT_S = 10.0  # a process that exits sooner than this after its start is failing to start
 MAX_QUICK_EXITS = 3
 
@@ -62,9 +62,9 @@ def resolve_engine_mode(settings: Settings) -> str:
 @dataclass
 class Child:
     name: str
-    command: list[str]  # run with --heartbeat PATH added: the state file it keeps writing once it serves
-    heartbeat: StateFile
-    start_s: float  # the longest a start may take before the state file appears
+    command: list[str]  # run with --heartbeat PATH added: the heartbeat file it keeps writing once it serves
+    heartbeat: HeartbeatFile
+    start_s: float  # the longest a start may take before the heartbeat file appears
     process: subprocess.Popen | None = None
     started: float = 0.0
     quick_exits: int = 0
@@ -83,7 +83,7 @@ class Child:
         return None if self.process is None else self.process.poll()
 
     def stuck(self, stall_s: float) -> str | None:
-        """Why it counts as stuck, from its state file: its event loop silent past `stall_s`, or its own verdict
+        """Why it counts as stuck, from its heartbeat file: its event loop silent past `stall_s`, or its own verdict
         (a device stuck). Before the file exists (loading holds the event loop; the file comes after), only a start
         longer than `start_s`."""
         state = self.heartbeat.read()
@@ -146,14 +146,14 @@ class Launcher:
         self.engine = Child(
             "engine",
             [python, "-m", "service.engine", "--socket", str(self.socket_path)],
-            StateFile(self.workdir / "engine.state"),
+            HeartbeatFile(self.workdir / "engine.state"),
             ENGINE_START_S,
         )
         self.frontends = [
             Child(
                 f"front-end {i}",
                 [python, "-m", "service.frontend", "--engine-socket", str(self.socket_path)],
-                StateFile(self.workdir / f"front-end-{i}.state"),
+                HeartbeatFile(self.workdir / f"front-end-{i}.state"),
                 FRONTEND_START_S,
             )
             for i in range(settings.frontend_count)

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from service import probes
 from service.frontend.http.app import create_app
 from service.frontend.http.server import shared_port_socket
-from service.probes import ALIVE, StateFile, probe_child
+from service.probes import ALIVE, HeartbeatFile, probe_child
 from service.settings import Settings
 from tests.harness.serving import free_port
 from tests.service.conftest import wait_for
@@ -72,7 +72,7 @@ def test_the_probe_port_is_ready_as_soon_as_the_main_port_is(tiny_repository: Pa
 def test_the_probe_process_reports_a_stalled_event_loop_and_a_state_not_ready(tmp_path: Path) -> None:
     sock = shared_port_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    state = StateFile(tmp_path / "state.json")
+    state = HeartbeatFile(tmp_path / "state.json")
     not_ready = (503, {"error": "not ready; loading: x", "error_type": "unavailable", "field": None})
     state.write(live=ALIVE, ready=not_ready)
     child = probe_child(sock, state, stall_s=2.0)
@@ -99,7 +99,7 @@ def test_the_probe_process_reports_a_stalled_event_loop_and_a_state_not_ready(tm
 
 def test_an_engine_state_file_says_alive_stuck_or_stale(tmp_path: Path) -> None:
     """What the launcher reads of an engine process (a "live" verdict, no readiness): each way it can be judged."""
-    state = StateFile(tmp_path / "engine.state")
+    state = HeartbeatFile(tmp_path / "engine.state")
     assert probes.liveness(state.read(), stall_s=1.0)[0] == 503  # nothing written yet (the launcher waits for it)
     state.write(live=probes.alive_unless(None))
     assert probes.liveness(state.read(), stall_s=1.0) == ALIVE

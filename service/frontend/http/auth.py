@@ -24,9 +24,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from service.errors import Unauthorized
+from service.errors import StartupError, Unauthorized
 from service.frontend.http.errors import send_error
-from service.repository import StartupError
 from service.settings import Settings, api_key_problem
 
 log = logging.getLogger("service.frontend.http.auth")

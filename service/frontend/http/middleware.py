@@ -3,6 +3,7 @@ with the one error body."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,15 @@ from starlette.responses import Response
 from service.errors import Overloaded, PayloadTooLarge, UnsupportedMediaType
 from service.frontend.http.admission import AdmissionGate
 from service.frontend.http.errors import error_response, send_error
+from service.logs import (
+    REQUEST_ID,
+    REQUEST_ID_HEADER,
+    SCOPE_REQUEST_ID,
+    SCOPE_STATUS,
+    access_log,
+    log_access,
+    request_id_from,
+)
 from service.metrics import Metrics
 
 Scope = dict[str, Any]
@@ -215,3 +225,50 @@ class JsonCorsMiddleware(CORSMiddleware):
         message = f"CORS preflight refused: {bytes(response.body).decode()}"
         headers = {k: v for k, v in response.headers.items() if k.startswith("access-control-") or k == "vary"}
         return error_response(400, "bad_request", message, headers=headers)
+
+
+class RequestContextMiddleware:
+    """The outermost layer: the request's id (context variable, response header) and its access line."""
+
+    def __init__(self, app: types.ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: types.Scope, receive: types.Receive, send: types.Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        raw = None
+        for name, value in scope["headers"]:
+            if name == REQUEST_ID_HEADER:
+                raw = value
+                break
+        # the HTTP protocol may have named the request already (it answered it while the app was starting)
+        request_id = scope.get(SCOPE_REQUEST_ID) or request_id_from(raw)
+        # Not reset afterwards: the request has a task of its own (uvicorn), and uvicorn's own lines about it
+        # ("Exception in ASGI application") come after this returns.
+        REQUEST_ID.set(request_id)
+        scope[SCOPE_REQUEST_ID] = request_id
+        header = (REQUEST_ID_HEADER, request_id.encode("ascii"))
+        started = time.perf_counter()
+        status = 500  # what the client gets if the app raises before answering (uvicorn's 500)
+
+        async def send_with_id(message: types.Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [h for h in message.get("headers", ()) if h[0].lower() != REQUEST_ID_HEADER]
+                message = {**message, "headers": [*headers, header]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if access_log.isEnabledFor(logging.INFO):
+                log_access(
+                    request_id,
+                    scope.get("method"),
+                    scope.get("path"),
+                    scope.get(SCOPE_STATUS, status),
+                    time.perf_counter() - started,
+                    scope.get("client"),
+                )

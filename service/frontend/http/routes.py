@@ -1,4 +1,4 @@
-"""HTTP endpoints: thin. Parse, call Inference, shape the response and its timing headers.
+"""HTTP endpoints: thin. Parse, call the request pipeline, shape the response and its timing headers.
 
 The probes and model information are FastAPI routes (`router`); the inference endpoints are `INFERENCE_ROUTES`."""
 
@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,15 +23,13 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.engine.batcher import Ticket
 from service.errors import BadRequest, InvalidInput, NotReady
 from service.frontend.http import schemas
 from service.frontend.http.errors import EMPTY_BODY, INVALID_JSON
-from service.frontend.pipeline import Inference, Timings
+from service.frontend.http.state import ServerState
+from service.frontend.pipeline import RequestPipeline, Timings
 from service.logs import REQUEST_ID
-
-if TYPE_CHECKING:
-    from service.frontend.http.app import ServerState
+from service.wire.ticket import Ticket
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.ErrorBody} for code in (400, 404, 413, 415, 422, 429, 500, 503, 504)
@@ -39,7 +37,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter()
 
 
-def state(request: Request) -> ServerState:
+def server_state(request: Request) -> ServerState:
     return request.app.state.server
 
 
@@ -53,7 +51,7 @@ PROBE_ERRORS: dict[int | str, dict[str, Any]] = {503: {"model": schemas.ErrorBod
     responses=PROBE_ERRORS,
 )
 async def livez(request: Request) -> JSONResponse:
-    status, body = state(request).liveness()
+    status, body = server_state(request).liveness()
     return JSONResponse(body, status_code=status)
 
 
@@ -61,18 +59,18 @@ async def livez(request: Request) -> JSONResponse:
     "/readyz", tags=["probes"], summary="Every model loaded and warmed up, and not draining", responses=PROBE_ERRORS
 )
 async def readyz(request: Request) -> JSONResponse:
-    status, body = state(request).readiness()
+    status, body = server_state(request).readiness()
     return JSONResponse(body, status_code=status)
 
 
 @router.get("/metrics", tags=["probes"], summary="Prometheus metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> PlainTextResponse:
-    return PlainTextResponse(state(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    return PlainTextResponse(server_state(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/models", response_model=schemas.ModelList, tags=["models"], summary="Every served model")
 async def list_models(request: Request) -> dict[str, Any]:
-    server = state(request)
+    server = server_state(request)
     return {"models": [server.model_info(model) for model in server.registry.models.values()]}
 
 
@@ -80,7 +78,7 @@ async def list_models(request: Request) -> dict[str, Any]:
     "/v1/models/{name}", response_model=schemas.ModelInfo, responses=ERRORS, tags=["models"], summary="One model"
 )
 async def get_model(name: str, request: Request) -> dict[str, Any]:
-    server = state(request)
+    server = server_state(request)
     return server.model_info(server.registry.lookup(name))
 
 
@@ -98,7 +96,7 @@ class InferenceRoute:
     summary: str
     request: type[BaseModel]
     response: type[BaseModel]
-    run: Callable[[Inference, str, Any, Ticket], Awaitable[tuple[list, Timings]]]
+    run: Callable[[RequestPipeline, str, Any, Ticket], Awaitable[tuple[list, Timings]]]
 
     @property
     def path(self) -> str:
@@ -114,7 +112,7 @@ class InferenceRoute:
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
         name = request.path_params["name"]
         async with admitted(request) as ticket:
-            results, timings = await self.run(state(request).inference, name, body, ticket)
+            results, timings = await self.run(server_state(request).pipeline, name, body, ticket)
         return answer(name, results, timings, ticket)
 
     def documentation(self) -> APIRoute:
@@ -162,10 +160,10 @@ def _why_not_json(exc: Exception) -> str:
     return "it cannot be parsed"
 
 
-async def _classify(inference: Inference, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
+async def _classify(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
     items = body.inputs if isinstance(body.inputs, list) else [body.inputs]
     inputs = [item if isinstance(item, str) else (item.text, item.text_pair) for item in items]
-    return await inference.classify(name, inputs, body.top_k, ticket)
+    return await pipeline.classify(name, inputs, body.top_k, ticket)
 
 
 SPLIT_WORDS_NEED_LISTS = (
@@ -174,22 +172,22 @@ SPLIT_WORDS_NEED_LISTS = (
 WORD_LISTS_NEED_SPLIT = "inputs holds lists of words: send is_split_into_words: true with them, or texts"
 
 
-async def _recognize(inference: Inference, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
+async def _recognize(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
     inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
     lists = sum(isinstance(item, list) for item in inputs)
     if body.is_split_into_words:
         if isinstance(body.inputs, str) or 0 < lists < len(inputs):
             raise InvalidInput(SPLIT_WORDS_NEED_LISTS, field="inputs")
-        return await inference.ner(name, inputs if lists else [inputs], body.aggregation_strategy, ticket)
+        return await pipeline.ner(name, inputs if lists else [inputs], body.aggregation_strategy, ticket)
     if lists:
         raise InvalidInput(WORD_LISTS_NEED_SPLIT, field="inputs")
-    return await inference.ner(name, inputs, body.aggregation_strategy, ticket)
+    return await pipeline.ner(name, inputs, body.aggregation_strategy, ticket)
 
 
-async def _answer_questions(inference: Inference, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
+async def _answer_questions(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
     items = body.inputs if isinstance(body.inputs, list) else [body.inputs]
     params = body.model_dump(exclude={"inputs"})
-    return await inference.qa(name, [(item.question, item.context) for item in items], params, ticket)
+    return await pipeline.qa(name, [(item.question, item.context) for item in items], params, ticket)
 
 
 INFERENCE_ROUTES = (
@@ -223,7 +221,7 @@ INFERENCE_ROUTES = (
 @contextlib.asynccontextmanager
 async def admitted(request: Request) -> AsyncIterator[Ticket]:
     """Refuse work while draining; give the work a deadline; cancel it if the client goes away."""
-    server = state(request)
+    server = server_state(request)
     if server.draining:
         raise NotReady("the server is shutting down")
     ticket = Ticket.with_timeout(server.settings.request_timeout_s, request_id=REQUEST_ID.get())

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from service.engine.batcher import Batcher, Ticket
+from service.engine.batcher import Batcher
 from service.engine.buckets import ShapeGrid
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
+from service.wire.ticket import Ticket
 
 
 @dataclass(frozen=True)

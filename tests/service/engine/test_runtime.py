@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from bertcore.model_config import ModelConfig
-from bertcore.tasks.base import Row
-from service.engine.batcher import Batcher, Ticket
+from bertcore.rows import Row
+from service.engine.batcher import Batcher
 from service.engine.core import EngineCore
 from service.engine.runtime import ModelRuntime
 from service.metrics import Metrics
 from service.settings import Settings
+from service.wire.ticket import Ticket
 
 BUCKETS = {"shape_buckets": "on", "max_batch_size": 8, "max_batch_tokens": 512, "bucket_width_step": 16}
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertcore.tasks.base import Row
-from service.engine.batcher import Ticket
+from bertcore.rows import Row
 from service.errors import EngineUnavailable
 from service.frontend.engine_client import RemoteEngine
 from service.probes import HEARTBEAT_S
 from service.wire import frames
+from service.wire.ticket import Ticket
 
 STATE = frames.encode({"op": "state", "ready": True, "models": {}})
 BEAT = frames.encode({"op": "beat"})

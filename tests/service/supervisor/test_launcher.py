@@ -6,14 +6,14 @@ import sys
 import time
 from pathlib import Path
 
-from service.probes import ALIVE, StateFile
+from service.probes import ALIVE, HeartbeatFile
 from service.supervisor.launcher import Child
 
 SILENT = [sys.executable, "-c", "import time; time.sleep(60)"]  # starts, and never writes its state file
 
 
 def test_a_child_is_stuck_when_it_does_not_begin_to_serve_or_its_state_goes_stale(tmp_path: Path) -> None:
-    child = Child("silent", SILENT, StateFile(tmp_path / "silent.state"), start_s=0.5)
+    child = Child("silent", SILENT, HeartbeatFile(tmp_path / "silent.state"), start_s=0.5)
     child.heartbeat.write(live=ALIVE)  # a state file left by the process before it
     child.start({})
     try:

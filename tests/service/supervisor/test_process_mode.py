@@ -83,6 +83,33 @@ def test_process_mode_answers_as_the_in_process_server(process_server, tiny_serv
     }
 
 
+def children(pid: int) -> dict[int, str]:
+    """The processes whose parent is `pid`, with their command lines."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def loads_onnxruntime(pid: int) -> bool:
+    return "onnxruntime" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_front_end_process_never_loads_onnxruntime(process_server) -> None:
+    """The layer contract "the front-end never imports onnxruntime" at run time: only the engine process maps it."""
+    processes = children(process_server.process.pid)
+    frontends = [pid for pid, command in processes.items() if "-m service.frontend" in command]
+    engines = [pid for pid, command in processes.items() if "-m service.engine" in command]
+    assert len(frontends) == 2 and len(engines) == 1, processes
+    assert loads_onnxruntime(engines[0])  # the check sees it where it is loaded
+    assert not any(loads_onnxruntime(pid) for pid in frontends)
+
+
 def test_qa_work_is_refused_in_the_front_end_before_it_is_done(process_server) -> None:
     """The window limits hold in process mode too: counted in the front-end, nothing queued."""
     context = (CONTEXT * 240)[:20_000]  # "Who?" takes 6 of 13 tokens: the default stride 6 advances 1 a window

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.realdata import shared_available
 from bertcore.model_config import ModelConfig
-from bertcore.tasks.base import Row
+from bertcore.rows import Row
 from service.engine.runtime import ModelRuntime
 from service.settings import Settings
 from service.system.memory import IdleRelease, malloc_trim

@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.logs import TEXT_FORMAT, RequestContextMiddleware, RequestIdFilter
+from service.frontend.http.middleware import RequestContextMiddleware
+from service.logs import TEXT_FORMAT, RequestIdFilter
 
 CLASSIFY = "/v1/models/bert-classification/classify"
 HEADER_TIMEOUT_S = 1.0

@@ -1,0 +1,140 @@
+"""What a front-end process holds while it serves: its engine (in this process or over a socket), the registry of
+models, the request pipeline, admission, and the verdicts of its probes. The routes reach it through
+`request.app.state.server`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bertcore.messages import one_line
+from bertcore.model_config import ModelConfig
+from service.errors import NotReady, ServiceError
+from service.frontend.engine_client import Engine, LocalEngine, RemoteEngine
+from service.frontend.http.admission import AdmissionGate
+from service.frontend.pipeline import RequestPipeline
+from service.frontend.registry import ModelRegistry, ServedModel
+from service.metrics import Metrics
+from service.probes import Verdict, alive_unless, unavailable
+from service.settings import Settings
+from service.wire.model_status import ModelStatus
+
+log = logging.getLogger("service")
+
+
+class ServerState:
+    """What the routes reach through `request.app.state.server`."""
+
+    def __init__(self, settings: Settings, engine_socket: Path | None = None) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.engine: Engine = (
+            RemoteEngine(engine_socket, settings.engine_silence_s)
+            if engine_socket
+            else LocalEngine(settings, self.metrics)
+        )
+        self.registry = ModelRegistry(settings, self.metrics, self.engine)
+        self.executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
+        self.pipeline = RequestPipeline(settings, self.registry, self.engine, self.executor, self.metrics)
+        self.admission = AdmissionGate(settings.max_queue_s, settings.admission_floor)
+        self.draining = False
+        self._last_verdict: Verdict | None = None
+        self.on_readiness_change: Callable[[Verdict], None] = lambda verdict: None
+
+    def load(self) -> None:
+        """Read the models and open their sessions (once): what can fail at start-up, before serving starts.
+        StartupError where a model fails and --load-failure is fail."""
+        if not self.registry.models:
+            self.registry.load()
+        self.engine.load()
+
+    async def self_test_models(self) -> None:
+        """Each model, once the engine reports it warmed up: one real request through the whole path before it is
+        reported ready. A failure makes it a failed model (reported, its requests 503) with the reason."""
+        while True:
+            for model in list(self.registry.models.values()):
+                if model.status != ModelStatus.CHECKING:
+                    continue
+                try:
+                    await self.pipeline.self_test(model)
+                except NotReady:  # the engine went away meanwhile (process mode): try again when it is back
+                    continue
+                except ServiceError as exc:
+                    model.error = f"self-test failed: {exc.message}"
+                except Exception as exc:
+                    model.error = f"self-test failed: {one_line(exc, hide=self.settings.repository)}"
+                else:
+                    model.self_tested = True
+                if model.error:
+                    log.error("model %s: %s", model.name, model.error)
+                self.registry.sync()
+            await asyncio.sleep(0.1)
+
+    def readiness(self) -> Verdict:
+        """/readyz's verdict (status, body), for the main port and the probe port's process alike. A verdict that
+        differs from the last one goes to `on_readiness_change` before it is returned: the probe port never says
+        "not ready" after the main port said "ready"."""
+        verdict = self._verdict()
+        if verdict != self._last_verdict:
+            self._last_verdict = verdict
+            self.on_readiness_change(verdict)
+        return verdict
+
+    def liveness(self) -> Verdict:
+        """/livez's verdict: the event loop answers it, so it runs; alive unless a batch is stuck on the device."""
+        return alive_unless(self.engine.stuck())
+
+    def _verdict(self) -> Verdict:
+        registry = self.registry
+        if self.draining:
+            return unavailable("the server is shutting down")
+        if stuck := self.engine.stuck():
+            return unavailable(f"not ready: {stuck}")
+        if not self.engine.connected:
+            return unavailable("not ready: the engine is starting or restarting")
+        if silent := self.engine.unresponsive():
+            return unavailable(f"not ready: {silent}")
+        if not registry.ready:
+            return unavailable(f"not ready; loading: {', '.join(registry.loading) or 'none'}")
+        ready = sorted(m.name for m in list(registry.models.values()) if m.status == ModelStatus.READY)
+        return 200, {"status": "ready", "models": ready, "failed": registry.failed}
+
+    def model_info(self, model: ServedModel) -> dict[str, Any]:
+        config, engine, s = model.config, model.engine_report, self.settings
+        return {
+            "name": model.name,
+            "status": model.status,
+            "error": model.failure,
+            "task": config.task if config else None,
+            "architecture": config.architecture if config else None,
+            "labels": list(config.labels) if config and config.labels else None,
+            "problem_type": config.problem_type if config else None,
+            "variant": engine.get("variant"),
+            "variant_accuracy": _variant_accuracy(config, engine.get("variant")),
+            "provider": engine.get("provider"),
+            "note": engine.get("note"),
+            "demo": bool(config and config.demo),
+            "max_length": config.max_length if config else None,
+            "limits": {
+                "max_inputs_per_request": s.max_inputs_per_request,
+                "max_chars_per_input": s.max_chars_per_input,
+                "max_body_bytes": s.max_body_bytes,
+                "max_batch_size": s.max_batch_size,
+                "max_batch_tokens": s.max_batch_tokens,
+                "request_timeout_s": s.request_timeout_s,
+                "max_queue_s": s.max_queue_s,
+                "max_qa_windows": s.max_qa_windows,
+                "token_overflow": s.token_overflow,
+            },
+        }
+
+
+def _variant_accuracy(config: ModelConfig | None, variant: str | None) -> dict[str, Any] | None:
+    """The served variant's figures measured at export on labelled data (--eval), where there are any."""
+    if config is None or variant is None or variant not in config.variants:
+        return None
+    return config.variants[variant].get("accuracy")

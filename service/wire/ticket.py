@@ -1,0 +1,33 @@
+"""A request's ticket: created by the front-end when a request is admitted, carried to the engine (in this process or
+across the socket, as its deadline), filled in with the request's timings by the batcher."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request's stake in the queue: its deadline, whether its client is still there, and its timings."""
+
+    deadline: float  # time.monotonic() seconds
+    cancelled: bool = False
+    started: float = 0.0  # time.perf_counter() at admission, for the total time
+    queue_seconds: float = 0.0  # longest wait of any of its rows
+    inference_seconds: float = 0.0  # run time of the batches its rows were in
+    inference_calls: int = 0
+    on_cancel: list[Callable[[], None]] = field(default_factory=list)
+    request_id: str | None = None  # the HTTP request's x-request-id, for the log lines about its rows
+
+    @classmethod
+    def with_timeout(cls, seconds: float, request_id: str | None = None) -> Ticket:
+        return cls(deadline=time.monotonic() + seconds, request_id=request_id)
+
+    def cancel(self) -> None:
+        """The client went away (or the deadline passed): drop the rows not run yet, tell whoever listens."""
+        if not self.cancelled:
+            self.cancelled = True
+            for callback in self.on_cancel:
+                callback()
