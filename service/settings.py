@@ -97,7 +97,7 @@ class Settings(BaseSettings):
         ge=1,
         le=512,
         description="shape buckets: the finest width step; widths are multiples of it up to 8 steps, then the step "
-        "doubles every 8 widths (8: 8, 16, ..., 64, 80, ..., 128, 160, ...), so padding stays within a quarter",
+        "doubles every 8 widths (8: ..., 64, 80, ..., 160, ...): padding under one step up to 8 steps, then under 25%",
     )
     cuda_graphs: Literal["on", "off"] = Field(
         "off",
