@@ -39,7 +39,7 @@ RUN groupadd --system --gid 10001 bertserve \
 
 # The bertserve package, built as a wheel and installed into /site, which every image copies into its virtual
 # environment as its last layer: a source change rebuilds only that small layer, not the dependencies.
-# The context holds only pyproject.toml, README.md, constraints.txt, export/, service/, docker/requirements-*.txt
+# The context holds only pyproject.toml, README.md, constraints.txt, bertcore/, export/, service/, docker/requirements-*.txt
 # and docker/healthcheck.py (.dockerignore is an allow-list).
 FROM base AS project
 COPY . /src/
@@ -118,7 +118,7 @@ COPY --from=project /site/ /opt/venv/lib/python3.11/site-packages/
 # The CUDA and cuDNN libraries of the nvidia-* wheels, for onnxruntime's CUDA provider (libcuda.so.1, the driver,
 # is what `docker run --gpus all` adds). NVIDIA_*: read by the NVIDIA container toolkit. Without a GPU the server
 # falls back to the CPU and says so in its log and in /v1/models ("note").
-# A GPU wants big batches (measured on an H100: README "On a GPU"); process mode and shape buckets come by
+# A GPU wants big batches (measured on an H100: docs/gpu.md "On a GPU"); process mode and shape buckets come by
 # themselves where a GPU is found (--engine-mode auto, --shape-buckets auto).
 # One ENV: on storage that copies each step's image whole (podman vfs), every step costs the image's size in disk.
 ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib \
