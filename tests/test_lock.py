@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import Version
 
@@ -155,8 +156,12 @@ def test_the_environment_is_exactly_the_lock() -> None:
     pins = read_lock()
     groups = project_requirements()
     installed = installed_closure([*groups[""], *(r for extra in INSTALLED_EXTRAS for r in groups[extra])])
-    # `==2.13.0` is met by 2.13.0+cpu: pip installs a CPU build of torch wherever one is offered (tools/lock.py).
-    different = {name: str(v) for name, v in installed.items() if name not in pins or v.public != str(pins[name])}
+    # PEP 440's `==`: torch==2.13.0 is met by 2.13.0+cpu, which pip installs wherever one is offered (tools/lock.py).
+    different = {
+        name: str(version)
+        for name, version in installed.items()
+        if name not in pins or not SpecifierSet(f"=={pins[name]}").contains(version, prereleases=True)
+    }
     assert not different, f"installed but not at the lock's version: {different}; " + REINSTALL
     # The only pins nothing installed needs: onnxruntime-gpu (the gpu image's), and the CUDA wheels of PyPI's torch
     # where the installed torch is a CPU build (test_the_lock_is_the_closure_of_pyproject_on_pypi has them exactly).
