@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 REPOSITORY ?= models
 DEMO_MODELS := demo-sentiment demo-ner demo-qa
 INSTALLED := $(VENV)/.installed
-# Every package installed is pinned here (make install and the Docker images); `make lock` rewrites it.
+# Every package installed is pinned here (make install and the Docker images), each pin a release PyPI serves
+# (`make test` checks it there); `make lock` rewrites it.
 LOCK := constraints.txt
-# Where pip finds the torch CPU build the lock pins (torch==X+cpu), if not in its configuration already.
+# The PyTorch CPU index's URL, to install the CPU build of torch (see install below); empty: PyPI's build.
 TORCH_INDEX_URL ?=
 
 export HF_HUB_OFFLINE ?= 1
@@ -18,7 +19,12 @@ export TOKENIZERS_PARALLELISM ?= false
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Exactly the versions of the lock; torch is its CPU build (+cpu); onnxruntime comes from the cpu extra.
+# Exactly the versions of the lock; onnxruntime comes from the cpu extra. torch: the lock pins PyPI's version
+# (torch==2.13.0), which a CPU build (2.13.0+cpu) matches too, and pip takes that build wherever one is offered:
+#   make install TORCH_INDEX_URL=<the PyTorch CPU index>   the CPU build, one 192 MB wheel
+#   make install                                           PyPI alone: its CUDA build (it runs on a CPU as well),
+#                                                          527 MB plus 2.2 GB of nvidia-* and other CUDA wheels
+# A machine whose pip configuration has the CPU wheel in a find-links folder gets the CPU build either way.
 $(INSTALLED): pyproject.toml $(LOCK) | $(VENV)/bin/python
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c $(LOCK) $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) \
@@ -27,8 +33,9 @@ $(INSTALLED): pyproject.toml $(LOCK) | $(VENV)/bin/python
 
 install: $(INSTALLED)
 
-# Re-resolves every dependency (the newest versions pyproject.toml allows) into the lock; LOCK_ARGS=--keep keeps
-# the current pins where they still apply. Then `make install test` and, for the images, `make test-container`.
+# Re-resolves every dependency (the newest versions pyproject.toml allows) into the lock, against PyPI alone (this
+# machine's pip configuration ignored, so no local build enters it); LOCK_ARGS=--keep keeps the current pins where
+# they still apply. Then `make install test` and, for the images, `make test-container`.
 lock: | $(VENV)/bin/python
 	$(PY) tools/lock.py $(LOCK_ARGS)
 
