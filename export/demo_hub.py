@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from export.errors import ExportError, first_line
+from bertcore.messages import one_line
+from export.errors import ExportError
 from export.pipeline import ExportResult, Progress, export_checkpoint
 from export.variants import DEFAULT_VARIANTS
 
@@ -133,8 +134,8 @@ def _reason(where: str, exc: Exception) -> str:
     except RuntimeError:  # an httpx error without a response
         status = None
     if isinstance(status, int):
-        return f"the hub answered {status} for {where} ({first_line(exc)})"
-    return f"hub unreachable ({first_line(exc)})"
+        return f"the hub answered {status} for {where} ({one_line(exc)})"
+    return f"hub unreachable ({one_line(exc)})"
 
 
 def wanted_files(available: set[str]) -> set[str]:

@@ -20,12 +20,12 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from benchmarks.serving import free_port, start_service
 from export.cli import main
 from export.demo_hub import HUB_CHECKPOINTS, HUB_TIMEOUT_S, hub_checkpoints, wanted_files
 from export.errors import ExportError
 from export.repository import read_config
 from tests.export.hub_standin import StandInHub
+from tests.harness.serving import free_port, start_service
 
 ROOT = Path(__file__).resolve().parents[2]
 # entry -> (architecture, task, tiny_checkpoint overrides) served under HUB_CHECKPOINTS[entry]; NER's repository
