@@ -39,13 +39,22 @@ install: $(INSTALLED)
 lock: | $(VENV)/bin/python
 	$(PY) tools/lock.py $(LOCK_ARGS)
 
-# Builds the demo repository (one small random-weight model per task) unless every demo entry is there.
+# Builds the demo repository unless every demo entry is there: one model per task, the hub's small fine-tuned
+# checkpoints (export/demo_hub.py) where it is reachable, else random weights, said in one line. This file's
+# HF_HUB_OFFLINE=1 (tests, everything else) is dropped for it; one you set (environment or command line) is kept.
+# DEMO_SOURCE=hub|random|auto (default auto); DEMO_CHECKPOINTS='demo-ner=OWNER/REPO[@REV],...' to pick others.
+# To swap a random demo for the hub's: rm -r $(REPOSITORY)/demo-*, then make run.
+DEMO_SOURCE ?= auto
+DEMO_CHECKPOINTS ?=
+DEMO_ENV = $(if $(filter file,$(origin HF_HUB_OFFLINE)),env -u HF_HUB_OFFLINE)
 demo: $(INSTALLED)
 	@missing=0; for m in $(DEMO_MODELS); do [ -f $(REPOSITORY)/$$m/model.json ] || missing=1; done; \
-	if [ $$missing = 1 ]; then $(PY) -m export demo --repository $(REPOSITORY); \
+	if [ $$missing = 1 ]; then $(DEMO_ENV) $(PY) -m export demo --repository $(REPOSITORY) --source $(DEMO_SOURCE) \
+		$(if $(DEMO_CHECKPOINTS),--checkpoints '$(DEMO_CHECKPOINTS)'); \
 	else echo "demo repository present in $(REPOSITORY)/ ($(DEMO_MODELS))"; fi
 
-# Serves every entry of the repository on 127.0.0.1:8000 (HOST=0.0.0.0 PORT=... to change); ARGS for more settings.
+# Builds the demo if an entry is missing (above), then serves every entry of the repository on 127.0.0.1:8000
+# (HOST=0.0.0.0 PORT=... to change); ARGS for more settings.
 HOST ?= 127.0.0.1
 PORT ?= 8000
 run: demo
