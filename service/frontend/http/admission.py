@@ -117,14 +117,29 @@ class AdmissionGate:
             self._current += tokens
             self.mean_request_tokens += 0.1 * (tokens - self.mean_request_tokens)
 
-    def expected_wait_s(self) -> float:
-        """Mean time the work in flight now should take (Little's law)."""
+    def expected_wait_s(self) -> float | None:
+        """Mean time the work in flight now should take (Little's law); None before a rate is measured."""
         rate = self.rate()
-        return self.tokens_in_flight / rate if rate else self.max_queue_s
+        return self.tokens_in_flight / rate if rate else None
 
     def retry_after_s(self) -> int:
-        """A hint for the client: about when the work in flight now will be done."""
-        return max(1, min(30, math.ceil(self.expected_wait_s())))
+        """A hint for the client: about when the work in flight now will be done (1 s where no rate is known yet:
+        one is, a second from now)."""
+        wait = self.expected_wait_s()
+        return 1 if wait is None else max(1, min(30, math.ceil(wait)))
+
+    def refusal(self) -> str:
+        """Why a request is refused now, for the 429's message."""
+        wait = self.expected_wait_s()
+        if wait is None:
+            return (
+                f"the server is at capacity: {self.in_flight} requests in flight, {self.tokens_in_flight:.0f} tokens, "
+                f"the most it admits before it has measured its speed (a cold or idle server); retry shortly"
+            )
+        return (
+            f"the server is at capacity: {self.in_flight} requests in flight, about {wait:.1f} s of work, would "
+            f"leave a new one no chance to be answered within --max-queue-s {self.max_queue_s:g}; retry shortly"
+        )
 
     def _roll(self) -> None:
         now = math.floor(self._clock())

@@ -108,12 +108,7 @@ class AdmissionMiddleware:
         admission = gate.try_enter(estimate_tokens(declared_length(scope), gate.mean_request_tokens))
         if admission is None:
             self.on_refused()
-            wait = gate.expected_wait_s()
-            message = (
-                f"the server is at capacity: {gate.in_flight} requests in flight, about {wait:.1f} s of work, would "
-                f"leave a new one no chance to be answered within --max-queue-s {gate.max_queue_s:g}; retry shortly"
-            )
-            await send_error(send, Overloaded(message, retry_after_s=gate.retry_after_s()))
+            await send_error(send, Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s()))
             return
         scope[SCOPE_ADMISSION] = admission
         sent = StatusRecorder(send)

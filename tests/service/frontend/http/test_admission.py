@@ -30,6 +30,8 @@ def test_a_cold_gate_admits_its_floor_of_tokens_and_no_more() -> None:
     admitted = [gate.try_enter(300) for _ in range(5)]
     assert [a is not None for a in admitted] == [True, True, True, False, False]
     assert gate.in_flight == 3 and gate.tokens_in_flight == 900
+    assert gate.expected_wait_s() is None and gate.retry_after_s() == 1
+    assert "before it has measured its speed" in gate.refusal()
 
 
 def test_one_request_is_admitted_while_nothing_is_in_flight_however_large() -> None:
