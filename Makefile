@@ -67,6 +67,15 @@ test: $(INSTALLED)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
+# The GPU suite (tests/gpu, marker gpu: fp16 on CUDA against fp32 on the CPU on the shared data, CUDA graphs, buckets,
+# process mode on CUDA), which `make test` skips where onnxruntime has no CUDA provider. Here a missing provider, GPU or
+# shared data fails it. On a lent GPU machine prepared by ../shared/tools/gpu_prep.sh and tests/gpu/pack_shared.sh:
+# `BERTSERVE_SHARED=/tmp/shared make test-gpu GPU_PYTHON=python3` (docs/gpu.md).
+GPU_PYTHON ?= $(PY)
+.PHONY: test-gpu
+test-gpu:
+	BERTSERVE_REQUIRE_GPU=1 $(GPU_PYTHON) -m pytest -m gpu tests/gpu -v -rs -p no:cacheprovider
+
 lint: $(INSTALLED)
 	$(PY) -m ruff check .
 	$(PY) -m mypy

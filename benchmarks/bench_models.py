@@ -21,7 +21,12 @@ BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads":
 BERT_SIZES = ("base", "small")  # small: the demo models' 2x128
 MINILM = "minilm-bert-sst2"
 RANDOM = "bert-base-random"
-MODEL_KEYS = {"bert-base": RANDOM, "minilm": MINILM}
+MODEL_KEYS = {
+    "bert-base": RANDOM,
+    "minilm": MINILM,
+    "minilm-ner": "minilm-bert-conll03",
+    "minilm-qa": "minilm-bert-squad",
+}
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ def locate(key: str, workdir: Path, bert_size: str = "base") -> BenchModel:
     """Where a model's checkpoint and entry are (or will be); one repository per model, served alone."""
     name = MODEL_KEYS[key]
     own = workdir / "checkpoints" / f"{RANDOM}-{bert_size}"
-    checkpoint = SHARED / "models" / MINILM if key == "minilm" else own
+    checkpoint = SHARED / "models" / name if key.startswith("minilm") else own
     return BenchModel(name, checkpoint, workdir / "repositories" / checkpoint.name / name)
 
 
@@ -90,7 +95,7 @@ def ensure_model(
         return model
     if missing:
         raise RuntimeError(f"cannot build {model.entry}: {', '.join(missing)} not installed")
-    if key == "minilm" and not (model.checkpoint / "config.json").is_file():
+    if key.startswith("minilm") and not (model.checkpoint / "config.json").is_file():
         raise RuntimeError(f"{model.checkpoint} is absent: set BERTSERVE_SHARED to a copy of ../shared")
     if key == "bert-base" and not (model.checkpoint / "config.json").is_file():
         print(f"writing a random-weight BERT ({bert_size}) to {model.checkpoint}", flush=True)

@@ -1,4 +1,5 @@
-"""Raw ceilings: the model alone on the 872 SST-2 dev sentences, tokenized ahead and sorted by length.
+"""Raw ceilings: the model alone on its task's real inputs (the 872 SST-2 dev sentences; CoNLL-2003 test sentences
+for NER; SQuAD questions for QA), tokenized ahead and sorted by length.
 
 ONNX Runtime with the entry's variant for the device (fp16 on CUDA, fp32 on the CPU) with host IO (numpy feeds)
 and, on CUDA, device-resident IO (IO binding to OrtValues already on the GPU); PyTorch eager (SDPA attention)
@@ -21,27 +22,47 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.realdata import encoded_batches, sst2
+from benchmarks.realdata import encoded_batches, texts_for
 from export.cli import quiet_libraries
 from export.repository import read_config
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+SQUAD_LIMIT = 2000  # SQuAD questions for the QA ceiling (and gpu_benchmark's served QA load)
+HEADS = {"classification": "SequenceClassification", "ner": "TokenClassification", "qa": "QuestionAnswering"}
 
 
-def tokenized(entry: Path, batch_size: int, fixed_length: int, input_names: list[str]) -> dict[str, list[dict]]:
-    """'sorted': padded numpy feeds of `batch_size` rows in length order; 'fixed N': the same padded to N."""
+def tokenized(
+    entry: Path,
+    batch_size: int,
+    fixed_length: int,
+    input_names: list[str],
+    task: str = "classification",
+    limit: int | None = None,
+) -> dict[str, list[dict]]:
+    """'sorted': padded numpy feeds of `batch_size` rows in length order; 'fixed N': the same padded to N. The
+    task's real inputs: SST-2 dev sentences, CoNLL-2003 test sentences, SQuAD (question, context) pairs (one
+    window each, the context cut at 384 tokens)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(entry))
-    sentences = [s for s, _ in sst2()]
-    lengths = [len(ids) for ids in tokenizer(sentences, truncation=True)["input_ids"]]
-    ordered = [sentences[i] for i in sorted(range(len(sentences)), key=lengths.__getitem__)]
-    texts: list[tuple[str, str | None]] = [(s, None) for s in ordered]
-    sets = {"sorted": encoded_batches(tokenizer, "classification", texts, input_names, batch_size)}
+    texts = texts_for(task, task_limit(task, limit))
+    firsts = [first for first, _ in texts]
+    seconds = [second for _, second in texts] if task == "qa" else None
+    encoded = tokenizer(firsts, seconds, truncation="only_second" if task == "qa" else True, max_length=384)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    ordered = [texts[i] for i in sorted(range(len(texts)), key=lengths.__getitem__)]
+    sets = {"sorted": encoded_batches(tokenizer, task, ordered, input_names, batch_size)}
     if fixed_length:
         sets[f"fixed {fixed_length}"] = [pad_to(feed, fixed_length) for feed in sets["sorted"]]
     return sets
+
+
+def task_limit(task: str, limit: int | None) -> int | None:
+    """The inputs taken: `limit` where given (0: all), else all but SQuAD's SQUAD_LIMIT questions."""
+    if limit is not None:
+        return limit or None
+    return SQUAD_LIMIT if task == "qa" else None
 
 
 def pad_to(feed: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
@@ -109,15 +130,17 @@ def ort_ceilings(
 
 
 def torch_ceilings(
-    checkpoint: Path, device: str, sets: dict[str, list[dict]], seconds: float, compile: bool
+    checkpoint: Path, device: str, sets: dict[str, list[dict]], seconds: float, compile: bool, task: str
 ) -> Iterator[tuple[str, object]]:
     import torch
-    from transformers import AutoModelForSequenceClassification
+    import transformers
 
     dtype = torch.float16 if device == "cuda" else torch.float32
-    model = AutoModelForSequenceClassification.from_pretrained(
-        str(checkpoint), dtype=dtype, attn_implementation="sdpa"
-    ).to(device)
+    model = (
+        getattr(transformers, f"AutoModelFor{HEADS[task]}")
+        .from_pretrained(str(checkpoint), dtype=dtype, attn_implementation="sdpa")
+        .to(device)
+    )
     model.eval()
     yield from {"engine": "torch", "version": torch.__version__, "dtype": str(dtype).removeprefix("torch.")}.items()
     if device == "cuda":
@@ -148,17 +171,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="timed passes last at least this long")
     parser.add_argument("--compile", action="store_true", help="torch: torch.compile as well as eager")
     parser.add_argument("--cuda-options", default="", help="CUDA provider options, e.g. sdpa_kernel=1,k=v")
+    parser.add_argument("--limit", type=int, help=f"the task's first N inputs (default all; QA {SQUAD_LIMIT})")
     parser.add_argument("--out", type=Path, required=True, help="JSON written here")
     args = parser.parse_args()
     quiet_libraries()
-    sets = tokenized(args.entry, args.batch, args.fixed_length, read_config(args.entry)["inputs"])
+    config = read_config(args.entry)
+    sets = tokenized(args.entry, args.batch, args.fixed_length, config["inputs"], config["task"], args.limit)
     if args.engine == "ort":
         options = dict(item.split("=", 1) for item in args.cuda_options.split(",") if item)
         figures = ort_ceilings(args.entry, args.device, sets, args.seconds, options)
     else:
         if args.checkpoint is None:
             parser.error("torch needs --checkpoint")
-        figures = torch_ceilings(args.checkpoint, args.device, sets, args.seconds, args.compile)
+        figures = torch_ceilings(args.checkpoint, args.device, sets, args.seconds, args.compile, config["task"])
     results: dict = {"batch": args.batch}
     for key, figure in figures:  # written after each figure: a run stopped later keeps what it measured
         results[key] = figure

@@ -7,7 +7,8 @@ throughput (`python -m service --cpu-variant V`, requests of 16 inputs, 4 for QA
 saturation; the three servers run side by side and the loads alternate, so that other work on shared cores hits
 each alike: the best of `--rounds` rounds per variant, and the speed-up as the median of each round's own
 int8 / fp32 ratio, the two loads of a round measured back to back), and the variant `--cpu-variant auto` picks
-under the default 0.5-point budget.
+under the default 0.5-point budget: fp32 where int8 loses more, else what a server started with
+`--cpu-variant auto` chose by timing both at load on this CPU (its /v1/models cpu_variant_trial).
 
     python -m benchmarks.variant_benchmark [--conll-limit 1000] [--squad-limit 500] [--seconds 6] [--rounds 3]
         [--cells bert-sst2] [--reuse-exports] [--server-args "--cpu-streams 2"]
@@ -129,6 +130,20 @@ def served_throughput(
     return {variant: {**figures, "rounds": every[variant]} for variant, figures in best.items()}
 
 
+def auto_choice(repository: Path, cell: Cell, server_args: list[str]) -> dict:
+    """What `--cpu-variant auto` serves on this CPU: a server started with it, its model's variant and load trial."""
+    server = start_service(
+        repository,
+        *("--log-level", "warning", "--access-log", "off", "--device", "cpu", "--cpu-variant", "auto"),
+        *("--models", cell.name, *server_args),
+    )
+    try:
+        info = server.client().get(f"/v1/models/{cell.name}").json()
+    finally:
+        server.stop()
+    return {"variant": info["variant"], "trial": info.get("cpu_variant_trial")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertserve-variants"))
@@ -185,12 +200,14 @@ def main() -> None:
             ).config
         accuracy = {v: config["variants"][v]["accuracy"] for v in VARIANTS}
         int8 = accuracy["int8"]
+        auto = auto_choice(repository, cell, args.server_args.split())
         row = {
             "evaluated_examples": config["evaluation"]["examples"],
             "accuracy": accuracy,
             "batch_invariance": batch_invariance(entry, config, cell.task),
             "served": served_throughput(repository, cell, args.seconds, args.rounds, args.server_args.split()),
-            "auto_picks": "int8" if int8["loss_points"] <= DEFAULT_MAX_LOSS else "fp32",
+            "auto_picks": auto["variant"] if int8["loss_points"] <= DEFAULT_MAX_LOSS else "fp32",
+            "auto_trial": auto["trial"],
             "seconds": round(time.perf_counter() - started, 1),
         }
         report["cells"][cell.name] = row

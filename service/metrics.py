@@ -104,6 +104,15 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.model_placement = Gauge(
+            "bertserve_model_placement",
+            "1 per loaded model: the --device asked for (requested), the provider it runs on, and why (reason: "
+            "requested; no_cuda_provider, --device auto with a CPU build of onnxruntime; cuda_unusable, --device "
+            "auto where the CUDA provider could not start, e.g. a GPU image without a GPU).",
+            ["model", "requested", "provider", "reason"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.model_ready = Gauge(
             "bertserve_model_ready",
             "1 when the model is loaded and warmed up; 0 while loading or failed.",

@@ -44,13 +44,31 @@ class Settings(BaseSettings):
         "process mode restarts the engine, once it has not run for this long or a batch has run this long past "
         "--request-timeout-s (a stuck device)",
     )
-    device: Literal["cpu", "cuda", "auto"] = Field(
-        "auto", description="cuda: CUDA provider with the fp16 variant (CPU fallback if absent); auto: cuda if present"
+    device: str = Field(
+        "auto",
+        description="cuda (or cuda:N, device N): the CUDA provider with the fp16 variant, or the model fails with "
+        "the reason (never the CPU); auto: CUDA where it starts, else the CPU, said in /v1/models and in "
+        "bertserve_model_placement; cpu: the CPU",
+    )
+    devices: Annotated[list[int] | None, NoDecode] = Field(
+        None,
+        description="CUDA devices, comma-separated (0,1): one engine process per device, each serving every model, "
+        "the front-ends shared out between them (process mode; --device cuda or auto); default: one device "
+        "(--device cuda:N, else 0)",
     )
     cpu_variant: Literal["auto", "fp32", "int8", "int8-dynamic"] = Field(
         "auto",
-        description="variant on the CPU provider; auto: int8 (static, batch-invariant) where the export measured it "
-        "within its accuracy budget (--eval), else fp32; int8-dynamic answers may move with the batch make-up",
+        description="variant on the CPU provider; auto: of fp32 and int8 (static, batch-invariant) where the export "
+        "measured int8 within its accuracy budget (--eval), the one faster on this CPU, timed at load "
+        "(--cpu-variant-trial-s), else fp32; int8-dynamic answers may move with the batch make-up",
+    )
+    cpu_variant_trial_s: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="--cpu-variant auto: at most this long per model timing fp32 against int8 on real batches at "
+        "load (int8 is served only where it is at least 1.05 times as fast); 0: no timing, int8 wherever it is within "
+        "its accuracy budget",
     )
     threads: int = Field(
         0,
@@ -221,7 +239,7 @@ class Settings(BaseSettings):
         "client, model) or off",
     )
 
-    @field_validator("api_keys", "cors_allow_origins", mode="before")
+    @field_validator("api_keys", "cors_allow_origins", "devices", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         """KEY1,KEY2 from the environment or the command line; a JSON list as the launcher hands settings on."""
@@ -229,6 +247,26 @@ class Settings(BaseSettings):
             text = value.strip()
             return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",")]
         return value
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, device: str) -> str:
+        if not DEVICE.fullmatch(device):
+            raise ValueError(f"{device!r} is not a device: 'cpu', 'cuda' or 'auto', or cuda:N for CUDA device N")
+        return device
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, devices: list[int] | None) -> list[int] | None:
+        if devices is None:
+            return None
+        if not devices:
+            raise ValueError("set but lists no device (leave it unset for one device)")
+        if any(d < 0 or d > MAX_DEVICE for d in devices):
+            raise ValueError(f"CUDA device numbers are 0-{MAX_DEVICE}: {devices}")
+        if len(set(devices)) != len(devices):
+            raise ValueError(f"lists a device twice: {devices} (one engine per device)")
+        return devices
 
     @field_validator("api_keys")
     @classmethod
@@ -263,6 +301,15 @@ class Settings(BaseSettings):
                 f"cpu_streams ({self.cpu_streams}) is more than the intra-op threads ({self.session_threads}, "
                 "--threads or one per core): each stream needs a thread of its own"
             )
+        if self.devices is not None:
+            if self.device_kind == "cpu":
+                raise ValueError("devices lists CUDA devices: it needs --device cuda or auto, not cpu")
+            if self.device.startswith("cuda:"):
+                raise ValueError(f"device {self.device} names one device and devices lists {self.devices}: give one")
+            if len(self.devices) > 1 and self.engine_mode == "in-process":
+                raise ValueError(
+                    f"devices {self.devices}: one engine per device needs process mode, not --engine-mode in-process"
+                )
         if self.cuda_graphs == "on" and self.shape_buckets == "off":
             raise ValueError("cuda_graphs on needs shape buckets (a graph is captured per shape)")
         if self.probe_port and self.probe_port == self.port:
@@ -289,6 +336,20 @@ class Settings(BaseSettings):
         and a child derives it again)."""
         setattr(self, name, value)
         self.model_fields_set.discard(name)
+
+    @property
+    def device_kind(self) -> Literal["cpu", "cuda", "auto"]:
+        """cpu, cuda or auto: --device without its device number."""
+        kind = self.device.split(":", 1)[0]
+        return "cuda" if kind == "cuda" else ("cpu" if kind == "cpu" else "auto")
+
+    @property
+    def cuda_device_id(self) -> int:
+        """The CUDA device this process's sessions use: cuda:N's N, else the first of --devices (the launcher hands
+        each engine its own), else 0."""
+        if ":" in self.device:
+            return int(self.device.split(":", 1)[1])
+        return self.devices[0] if self.devices else 0
 
     @property
     def session_threads(self) -> int:
@@ -344,6 +405,8 @@ MIN_KEY_CHARS = 16
 MAX_KEY_CHARS = 4096
 NEW_KEY_COMMAND = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 ORIGIN = re.compile(r"https?://[^/\s,]+")
+DEVICE = re.compile(r"cpu|cuda|auto|cuda:\d{1,2}")
+MAX_DEVICE = 63
 
 
 def api_key_problem(key: str) -> str | None:

@@ -45,6 +45,8 @@ class EngineModel:
             "provider": runtime.provider if runtime else None,
             "variant": runtime.variant if runtime else None,
             "note": runtime.placement.note if runtime else None,
+            "placement": runtime.placement_report() if runtime else None,
+            "cpu_variant_trial": runtime.variant_trial if runtime else None,
             "shape_buckets": len(runtime.grid.shapes) if runtime and runtime.grid else 0,
             "cuda_graphs": bool(runtime and runtime.graphs is not None),
             "warmed_shapes": self.warmed_shapes,
@@ -78,6 +80,9 @@ class EngineCore:
             log.warning("model %s: %s", model.name, runtime.placement.note)
         self.metrics.model_info.labels(
             model.name, runtime.config.task, runtime.config.architecture, runtime.variant, runtime.provider
+        ).set(1)
+        self.metrics.model_placement.labels(
+            model.name, self.settings.device, runtime.provider, runtime.placement.reason
         ).set(1)
 
     def _failed(self, name: str, reason: str) -> None:

@@ -8,14 +8,17 @@ A batch goes through two steps so that the engine can prepare batch N+1 while ba
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
+from bertcore.messages import one_line
 from bertcore.model_config import ModelConfig
 from bertcore.rows import Row
 from service.engine.buckets import ShapeGrid
@@ -28,33 +31,119 @@ CPU = "CPUExecutionProvider"
 GRAPH_WARM_UP_RUNS = 3
 NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32}
 ARENA_SHRINK = "memory.enable_memory_arena_shrinkage"  # a run option: at the run's end, free the arena's idle regions
+RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"  # which provider runs each node (onnxruntime 1.31)
+# --cpu-variant auto: int8 is served only where it runs a batch at least this much faster than fp32 on this CPU (it
+# answers a little less accurately: measured on an AVX2-only CPU it was 0.96-1.01x of fp32, and no reason to serve it).
+INT8_MIN_SPEED_UP = 1.05
+TRIAL_ROWS, TRIAL_WIDTH = 16, 128  # the batch the variants are timed on (capped by --max-batch-size and max_length)
+TRIAL_MIN_ROUNDS, TRIAL_MAX_ROUNDS = 3, 15
+
+# Why a model runs where it runs: the `reason` of /v1/models' placement and of bertserve_model_placement.
+REQUESTED = "requested"  # where --device asked (cpu; cuda; auto with a GPU that started)
+NO_CUDA_PROVIDER = "no_cuda_provider"  # --device auto, and this onnxruntime has no CUDA provider (a CPU build)
+CUDA_UNUSABLE = "cuda_unusable"  # --device auto, onnxruntime has the CUDA provider, and it could not start here
+
+
+class PlacementError(RuntimeError):
+    """The model cannot run where --device says it must: it fails with this reason (never moved to the CPU)."""
 
 
 @dataclass(frozen=True)
 class Placement:
     variant: str
     provider: str
-    note: str | None = None  # why it is not what was asked for, when it is not
+    reason: str = REQUESTED
+    why: str = ""  # the reason, in words
+    note: str | None = None  # a warning for /v1/models: it is not where it was asked for
+
+
+def available_providers() -> list[str]:
+    """onnxruntime's providers (one of the two calls into onnxruntime that tests replace: no GPU exists there)."""
+    return list(ort.get_available_providers())
+
+
+def open_session(path: Path, options: ort.SessionOptions, providers: list[Any]) -> ort.InferenceSession:
+    """The one place a session is opened (tests inject the CUDA provider's failures here)."""
+    return ort.InferenceSession(str(path), options, providers=providers)
 
 
 def cpu_variant_for(setting: str, variants: Mapping[str, Any]) -> str:
-    """'auto': int8 where the export measured it within its accuracy budget, else fp32; a named variant the
-    entry lacks (not made, or refused at export) falls back to fp32."""
+    """By accuracy alone: 'auto' is int8 where the export measured it within its accuracy budget, else fp32; a
+    named variant the entry lacks (not made, or refused at export) falls back to fp32."""
     if setting == "auto":
-        accuracy = variants.get("int8", {}).get("accuracy") or {}
-        return "int8" if accuracy.get("measured") and accuracy.get("within_budget") else "fp32"
+        return "int8" if int8_within_budget(variants) else "fp32"
     return setting if setting in variants else "fp32"
 
 
+def int8_within_budget(variants: Mapping[str, Any]) -> bool:
+    accuracy = variants.get("int8", {}).get("accuracy") or {}
+    return bool(accuracy.get("measured") and accuracy.get("within_budget"))
+
+
+def cpu_candidates(settings: Settings, variants: Mapping[str, Any]) -> list[str]:
+    """The CPU variants to time at load: fp32 and int8 where auto may serve either; else the one variant."""
+    if settings.cpu_variant == "auto" and settings.cpu_variant_trial_s > 0 and int8_within_budget(variants):
+        return ["fp32", "int8"]
+    return [cpu_variant_for(settings.cpu_variant, variants)]
+
+
 def choose_placement(settings: Settings, variants: Mapping[str, Any], available: list[str]) -> Placement:
-    """CUDA with fp16 where asked for (or 'auto') and possible; otherwise the CPU with the configured variant."""
+    """CUDA with fp16 where asked for (or 'auto') and onnxruntime has the provider; the CPU where --device says so,
+    or where auto finds no CUDA provider. --device cuda without the provider: PlacementError."""
     cpu_variant = cpu_variant_for(settings.cpu_variant, variants)
-    if settings.device in ("cuda", "auto"):
-        if CUDA in available:
-            return Placement("fp16" if "fp16" in variants else "fp32", CUDA)
-        if settings.device == "cuda":
-            return Placement(cpu_variant, CPU, note="CUDA was requested but onnxruntime has no CUDA provider here")
-    return Placement(cpu_variant, CPU)
+    kind = settings.device_kind
+    if kind == "cpu":
+        return Placement(cpu_variant, CPU, REQUESTED, "--device cpu")
+    if CUDA in available:
+        return Placement("fp16" if "fp16" in variants else "fp32", CUDA, REQUESTED, f"--device {settings.device}")
+    if kind == "cuda":
+        raise PlacementError(
+            f"--device {settings.device}: this onnxruntime has no {CUDA} (providers: {', '.join(available)}); "
+            "install onnxruntime-gpu (the gpu extra or image), or serve with --device auto or cpu"
+        )
+    return Placement(cpu_variant, CPU, NO_CUDA_PROVIDER, f"--device auto: this onnxruntime has no {CUDA}")
+
+
+def choose_by_timing(ms_per_batch: Mapping[str, float], min_speed_up: float = INT8_MIN_SPEED_UP) -> tuple[str, str]:
+    """fp32 or int8 from their measured milliseconds per batch: int8 only where it is `min_speed_up` times as fast
+    (it answers a little less accurately). Returns the variant and why, in words."""
+    speed_up = ms_per_batch["fp32"] / ms_per_batch["int8"]
+    if speed_up >= min_speed_up:
+        return "int8", f"int8 ran {speed_up:.2f}x as fast as fp32 on this CPU (>= {min_speed_up}x)"
+    return "fp32", f"int8 ran {speed_up:.2f}x as fast as fp32 on this CPU (< {min_speed_up}x): not worth its accuracy"
+
+
+def time_sessions(
+    sessions: Mapping[str, ort.InferenceSession],
+    feed: dict[str, np.ndarray],
+    output_names: list[str],
+    budget_s: float,
+) -> tuple[dict[str, float], int]:
+    """Median milliseconds per run of each session on `feed`, and the rounds run: one untimed run each, then rounds
+    that run every session once, in turn (alternating which goes first, so that the machine's slow stretches fall on
+    all alike), at least TRIAL_MIN_ROUNDS and at most TRIAL_MAX_ROUNDS, stopping once `budget_s` has passed."""
+    for session in sessions.values():
+        session.run(output_names, feed)
+    names = list(sessions)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    started = time.perf_counter()
+    rounds = 0
+    while rounds < TRIAL_MAX_ROUNDS and (rounds < TRIAL_MIN_ROUNDS or time.perf_counter() - started < budget_s):
+        for name in names if rounds % 2 == 0 else names[::-1]:
+            begun = time.perf_counter()
+            sessions[name].run(output_names, feed)
+            times[name].append(1000 * (time.perf_counter() - begun))
+        rounds += 1
+    return {name: float(np.median(values)) for name, values in times.items()}, rounds
+
+
+def node_assignment(session: ort.InferenceSession) -> dict[str, list[str]]:
+    """Each provider the session runs nodes on, with the op type of each of its nodes (the session must have been
+    opened with RECORD_ASSIGNMENT)."""
+    nodes: dict[str, list[str]] = {}
+    for subgraph in session.get_provider_graph_assignment_info():
+        nodes.setdefault(subgraph.ep_name, []).extend(node.op_type for node in subgraph.get_nodes())
+    return nodes
 
 
 @dataclass
@@ -74,36 +163,145 @@ class ModelRuntime:
     """Runs unpadded rows: pads them into one batch, runs the session, hands back each row's own outputs."""
 
     def __init__(self, entry: Path, config: ModelConfig, settings: Settings) -> None:
-        self.placement = choose_placement(settings, config.variants, ort.get_available_providers())
         self.settings = settings
         self.entry, self.config = entry, config
         self.max_length = config.max_length
-        self.grid = self._grid(settings)
-        try:
-            self.session = self._open(use_cuda_graphs=self._wants_cuda_graphs())
-            started = self.session.get_providers()[0] == self.placement.provider
-        except Exception as exc:  # the CUDA provider can fail outright (no device, missing libraries)
-            if self.placement.provider != CUDA:
-                raise
-            started, reason = False, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        else:
-            reason = "onnxruntime fell back to the CPU"
-        if not started:  # onnxruntime-gpu lists CUDA even where no GPU can be used: run the CPU variant instead
-            cpu = choose_placement(settings.model_copy(update={"device": "cpu"}), config.variants, [CPU])
-            self.placement = Placement(cpu.variant, CPU, note=f"{CUDA} could not start ({reason}); running on the CPU")
-            log.warning("%s: %s", entry.name, self.placement.note)
-            self.grid = self._grid(settings)
-            self.session = self._open(use_cuda_graphs=False)
-        self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = list(config.outputs)
         self.per_token = config.per_token
         self.pad_token_id = config.tokenizer.pad_token_id
+        self.variant_trial: dict[str, Any] | None = None  # --cpu-variant auto: the timings and the choice
+        self.graphs_note: str | None = None  # why CUDA graphs were asked for and are not used
+        self.placement = choose_placement(settings, config.variants, available_providers())
+        self.grid = self._grid(settings)
+        self._graphs_on = False  # the session was opened with enable_cuda_graph
+        self.session = self._open_cuda() if self.provider == CUDA else self._open_cpu()
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.nodes = node_assignment(self.session)
+        self._report_nodes()
         self.graphs: CudaGraphs | None = None
-        if self.provider == CUDA and self._wants_cuda_graphs():
-            self.graphs = CudaGraphs(self.session, self.output_names)
+        if self._graphs_on:
+            self.graphs = CudaGraphs(self.session, self.output_names, settings.cuda_device_id)
         # The CPU arena keeps what the largest batch needed: give it back once large batches are over (CPU only).
         idle_s = settings.release_memory_idle_s if self.provider == CPU else 0.0
         self.memory = IdleRelease(entry.name, idle_s, self.release_memory)
+
+    def _open_cuda(self) -> ort.InferenceSession:
+        """A session on CUDA, checked to run there. Graphs that fail to start are dropped, never CUDA for them; CUDA
+        that fails is the model's failure with --device cuda, and the CPU (said why) with --device auto."""
+        if self._wants_cuda_graphs():
+            try:
+                session = self._open(self.variant, use_cuda_graphs=True)
+                self._require_cuda(session)
+                self._graphs_on = True
+                return session
+            except Exception as exc:
+                self.graphs_note = f"CUDA graphs could not start ({self._reason(exc)}); serving on CUDA without them"
+                log.warning("%s: %s", self.entry.name, self.graphs_note)
+        try:
+            session = self._open(self.variant, use_cuda_graphs=False)
+            self._require_cuda(session)
+            return session
+        except Exception as exc:
+            reason = self._reason(exc)
+        self.graphs_note = None  # not the graphs: CUDA itself
+        if self.settings.device_kind == "cuda":
+            raise PlacementError(
+                f"--device {self.settings.device}: {CUDA} could not start ({reason}); not served on the CPU"
+            )
+        cpu_variant = cpu_variant_for(self.settings.cpu_variant, self.config.variants)
+        self.placement = Placement(
+            cpu_variant,
+            CPU,
+            CUDA_UNUSABLE,
+            f"--device auto: {CUDA} could not start ({reason})",
+            note=f"{CUDA} could not start ({reason}); running on the CPU",
+        )
+        log.warning("%s: %s", self.entry.name, self.placement.note)
+        self.grid = self._grid(self.settings)
+        return self._open_cpu()
+
+    def _require_cuda(self, session: ort.InferenceSession) -> None:
+        """onnxruntime-gpu opens a session on the CPU alone, with a log line, where CUDA cannot start: refuse it.
+        Every provider the session uses counts, not the first listed: CUDA must be one, and run nodes."""
+        providers = session.get_providers()
+        if CUDA not in providers:
+            raise RuntimeError(f"onnxruntime opened the session on {', '.join(providers)} alone")
+        if not node_assignment(session).get(CUDA):
+            raise RuntimeError(f"onnxruntime placed no node of the graph on {CUDA}")
+
+    def _open_cpu(self) -> ort.InferenceSession:
+        """The CPU variant's session; with --cpu-variant auto and int8 within its accuracy budget, fp32 and int8
+        are both opened and timed on the same batches (--cpu-variant-trial-s), and the faster one kept."""
+        candidates = cpu_candidates(self.settings, self.config.variants)
+        if len(candidates) == 1:
+            self.placement = replace(self.placement, variant=candidates[0])
+            return self._open(candidates[0], use_cuda_graphs=False)
+        sessions = {variant: self._open(variant, use_cuda_graphs=False) for variant in candidates}
+        rows, width = min(TRIAL_ROWS, self.settings.max_batch_size), min(TRIAL_WIDTH, self.max_length)
+        feed = self._trial_feed(rows, width, sessions[candidates[0]])
+        started = time.perf_counter()
+        ms, rounds = time_sessions(sessions, feed, self.output_names, self.settings.cpu_variant_trial_s)
+        chosen, why = choose_by_timing(ms)
+        self.variant_trial = {
+            "candidates": candidates,
+            "ms_per_batch": {variant: round(value, 3) for variant, value in ms.items()},
+            "batch": [rows, width],
+            "rounds": rounds,
+            "seconds": round(time.perf_counter() - started, 2),
+            "chosen": chosen,
+            "why": why,
+        }
+        log.info(
+            "%s: --cpu-variant auto timed %s on %d batches of %dx%d in %.1f s: %s; serving %s",
+            self.entry.name,
+            ", ".join(f"{variant} {value:.2f} ms" for variant, value in ms.items()),
+            rounds,
+            rows,
+            width,
+            self.variant_trial["seconds"],
+            why,
+            chosen,
+        )
+        self.placement = replace(self.placement, variant=chosen)
+        return sessions[chosen]
+
+    def _trial_feed(self, rows: int, width: int, session: ort.InferenceSession) -> dict[str, np.ndarray]:
+        """A full batch of token ids drawn from the model's vocabulary (the same for every variant)."""
+        vocabulary = self.config.vocab_size or 100
+        ids = np.random.default_rng(0).integers(min(5, vocabulary - 1), vocabulary, (rows, width)).astype(np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        return {i.name: feed[i.name] for i in session.get_inputs()}
+
+    def _report_nodes(self) -> None:
+        """Nodes of a CUDA session that onnxruntime placed on the CPU (onnxruntime puts some shape computations
+        there on purpose; anything heavier costs copies between the devices each batch): logged at load and shown
+        in /v1/models."""
+        on_cpu = self.nodes.get(CPU, [])
+        if self.provider != CUDA or not on_cpu:
+            return
+        total = sum(len(ops) for ops in self.nodes.values())
+        counts = ", ".join(f"{op} x{n}" for op, n in sorted(Counter(on_cpu).items()))
+        log.warning("%s: %d of %d nodes run on the CPU, not CUDA: %s", self.entry.name, len(on_cpu), total, counts)
+
+    def placement_report(self) -> dict[str, Any]:
+        """Where the model runs and why, for /v1/models (plain data: it crosses the process boundary)."""
+        report: dict[str, Any] = {
+            "requested": self.settings.device,
+            "provider": self.provider,
+            "reason": self.placement.reason,
+            "why": self.placement.why,
+            "nodes": {provider: len(ops) for provider, ops in self.nodes.items()},
+        }
+        if self.provider == CUDA:
+            report["device_id"] = self.settings.cuda_device_id
+            report["cpu_nodes"] = dict(sorted(Counter(self.nodes.get(CPU, [])).items()))
+            report["cuda_graphs"] = self.graphs is not None
+            if self.graphs_note:
+                report["cuda_graphs_note"] = self.graphs_note
+        return report
+
+    def _reason(self, exc: BaseException) -> str:
+        return one_line(exc, limit=200, hide=self.settings.repository)
 
     def _grid(self, settings: Settings) -> ShapeGrid | None:
         wanted = settings.shape_buckets == "on" or (settings.shape_buckets == "auto" and self.provider == CUDA)
@@ -119,7 +317,7 @@ class ModelRuntime:
     def _wants_cuda_graphs(self) -> bool:
         return self.placement.provider == CUDA and self.grid is not None and self.settings.cuda_graphs == "on"
 
-    def _open(self, *, use_cuda_graphs: bool) -> ort.InferenceSession:
+    def _open(self, variant: str, *, use_cuda_graphs: bool) -> ort.InferenceSession:
         settings = self.settings
         options = ort.SessionOptions()
         # On CUDA too: one non-spinning intra-op thread was measured 8% slower per batch on an H100 (16 cores) and
@@ -128,18 +326,20 @@ class ModelRuntime:
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.log_severity_level = 3
+        # Warnings on CUDA: onnxruntime says there when it places nodes on the CPU or cannot start the provider.
+        options.log_severity_level = 2 if self.provider == CUDA else 3
+        options.add_session_config_entry(RECORD_ASSIGNMENT, "1")
         # Spinning intra-op threads: measured on 2 cores, +7% for 16-input requests, -8% for 1-input ones.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin_threads else "0")
-        path = self.entry / self.config.variant_file(self.placement.variant)
+        path = self.entry / self.config.variant_file(variant)
         if self.placement.provider == CUDA:
-            cuda_options = {"device_id": "0"}
+            cuda_options = {"device_id": str(settings.cuda_device_id)}
             if use_cuda_graphs:
                 cuda_options["enable_cuda_graph"] = "1"
             providers: list[Any] = [(CUDA, cuda_options), CPU]
         else:
             providers = [CPU]
-        return ort.InferenceSession(str(path), options, providers=providers)
+        return open_session(path, options, providers)
 
     @property
     def provider(self) -> str:
@@ -226,6 +426,15 @@ class ModelRuntime:
         """Run every warm-up shape (call it on the thread that will run the batches). Returns the shape count.
 
         With CUDA graphs each shape runs a few times: ORT runs a graph's first calls normally and captures after."""
+        try:
+            return self._warm_up_shapes()
+        except Exception as exc:
+            if self.graphs is None:
+                raise
+            self.drop_graphs(exc)
+            return self._warm_up_shapes()
+
+    def _warm_up_shapes(self) -> int:
         shapes = self.warm_up_shapes()
         runs = GRAPH_WARM_UP_RUNS if self.graphs is not None else 1
         for rows, width in shapes:
@@ -233,6 +442,18 @@ class ModelRuntime:
             for _ in range(runs):
                 self.run([filler] * rows)
         return len(shapes)
+
+    def drop_graphs(self, exc: BaseException) -> None:
+        """A graph that failed to capture: CUDA again, in a session without graphs (not the CPU); where that one
+        cannot start either, the model fails."""
+        self.graphs_note = f"CUDA graph capture failed ({self._reason(exc)}); serving on CUDA without graphs"
+        log.warning("%s: %s", self.entry.name, self.graphs_note)
+        self.graphs = None
+        self._graphs_on = False
+        session = self._open(self.variant, use_cuda_graphs=False)
+        self._require_cuda(session)
+        self.session = session
+        self.nodes = node_assignment(session)
 
 
 class CudaGraphs:
@@ -242,8 +463,9 @@ class CudaGraphs:
     whole model at once instead of hundreds of kernels, which is what small batches are made of.
     """
 
-    def __init__(self, session: ort.InferenceSession, output_names: list[str]) -> None:
+    def __init__(self, session: ort.InferenceSession, output_names: list[str], device_id: int = 0) -> None:
         self.session = session
+        self.device_id = device_id
         self.output_names = output_names
         self._inputs = {i.name: i for i in session.get_inputs()}
         self._outputs = {o.name: o for o in session.get_outputs()}
@@ -266,13 +488,15 @@ class CudaGraphs:
         inputs, types = {}, {}
         for name, info in self._inputs.items():
             types[name] = NUMPY_TYPES[info.type]
-            inputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, types[name], "cuda", 0)
+            inputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, types[name], "cuda", self.device_id)
             binding.bind_ortvalue_input(name, inputs[name])
         outputs = {}
         for name in self.output_names:
             info = self._outputs[name]
             dims = output_shape(info.shape, rows, width)
-            outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(dims, NUMPY_TYPES[info.type], "cuda", 0)
+            outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(
+                dims, NUMPY_TYPES[info.type], "cuda", self.device_id
+            )
             binding.bind_ortvalue_output(name, outputs[name])
         run_options = ort.RunOptions()
         run_options.add_run_config_entry("gpu_graph_id", str(graph_id))

@@ -1,5 +1,11 @@
 """Process mode: one engine process per device, then N front-end processes on one port; supervised.
 
+- Devices: one engine, on --device's device; with --devices 0,1, an engine per device, each serving every model on
+  its device (BERTSERVE_DEVICES names its one device), and the front-ends shared out between the engines in turn
+  (front-end i uses engine i mod n): the kernel spreads the port's connections over the front-ends, and so the
+  requests over the devices. Each engine is supervised, and restarted, alone; meanwhile only its front-ends report
+  not ready and answer 503.
+
 - Start: the engine first (it loads and warms up every model), then the front-ends once its socket is there.
   Front-ends report ready (/readyz) only when the engine says its models are warmed up.
 - An engine that dies is restarted; the front-ends answer its in-flight requests 503 at once, report not ready
@@ -17,6 +23,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -34,7 +41,7 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from service.metrics import MULTIPROCESS_DIR
 from service.probes import HeartbeatFile, liveness
-from service.settings import Settings
+from service.settings import ENV_PREFIX, Settings
 
 log = logging.getLogger("service.supervisor.launcher")
 POLL_S = 0.1
@@ -56,7 +63,18 @@ def uses_gpu(settings: Settings) -> bool:
 def resolve_engine_mode(settings: Settings) -> str:
     if settings.engine_mode != "auto":
         return settings.engine_mode
-    return "process" if uses_gpu(settings) else "in-process"
+    several_devices = settings.devices is not None and len(settings.devices) > 1
+    return "process" if several_devices or uses_gpu(settings) else "in-process"
+
+
+def engine_devices(settings: Settings) -> list[int | None]:
+    """The device of each engine to start: each of --devices; else one engine, whose settings say (None)."""
+    return list(settings.devices) if settings.devices else [None]
+
+
+def frontend_engines(frontends: int, engines: int) -> list[int]:
+    """The engine each front-end uses: in turn, so that every engine has front-ends and they differ by one at most."""
+    return [i % engines for i in range(max(frontends, engines))]
 
 
 @dataclass
@@ -70,11 +88,16 @@ class Child:
     quick_exits: int = 0
     pids: list[int] = field(default_factory=list)
     killed_as_stuck: bool = False  # the exit that follows is the launcher's kill: counted as "stuck"
+    env: dict[str, str] = field(default_factory=dict)  # its own variables, over those every child gets
+    socket: Path | None = None  # an engine's socket: removed before each start, and waited for
 
     def start(self, env: dict[str, str]) -> None:
         self.heartbeat.path.unlink(missing_ok=True)  # an earlier process's state does not stand for this one
         self.killed_as_stuck = False
-        self.process = subprocess.Popen([*self.command, "--heartbeat", str(self.heartbeat.path)], env=env)
+        if self.socket is not None:
+            self.socket.unlink(missing_ok=True)
+        command = [*self.command, "--heartbeat", str(self.heartbeat.path)]
+        self.process = subprocess.Popen(command, env={**env, **self.env})
         self.started = time.monotonic()
         self.pids.append(self.process.pid)
         log.info("%s started (pid %d)", self.name, self.process.pid)
@@ -134,7 +157,6 @@ class Launcher:
         metrics_dir.mkdir()
         self.metrics_dir = metrics_dir
         self.restarts = restart_counter(metrics_dir)
-        self.socket_path = self.workdir / "engine.sock"
         # several front-ends share the cores: the tokenizers library's own thread pool in each would only fight
         self.env = {
             "TOKENIZERS_PARALLELISM": "false",
@@ -143,20 +165,29 @@ class Launcher:
             MULTIPROCESS_DIR: str(metrics_dir),
         }
         python = sys.executable
-        self.engine = Child(
-            "engine",
-            [python, "-m", "service.engine", "--socket", str(self.socket_path)],
-            HeartbeatFile(self.workdir / "engine.state"),
-            ENGINE_START_S,
-        )
+        devices = engine_devices(settings)
+        self.engines = []
+        for device in devices:
+            tag = "" if len(devices) == 1 else f"-{device}"
+            socket_path = self.workdir / f"engine{tag}.sock"
+            self.engines.append(
+                Child(
+                    "engine" if len(devices) == 1 else f"engine {device}",
+                    [python, "-m", "service.engine", "--socket", str(socket_path)],
+                    HeartbeatFile(self.workdir / f"engine{tag}.state"),
+                    ENGINE_START_S,
+                    env={} if device is None else {f"{ENV_PREFIX}DEVICES": json.dumps([device])},
+                    socket=socket_path,
+                )
+            )
         self.frontends = [
             Child(
                 f"front-end {i}",
-                [python, "-m", "service.frontend", "--engine-socket", str(self.socket_path)],
+                [python, "-m", "service.frontend", "--engine-socket", str(self.engines[engine].socket)],
                 HeartbeatFile(self.workdir / f"front-end-{i}.state"),
                 FRONTEND_START_S,
             )
-            for i in range(settings.frontend_count)
+            for i, engine in enumerate(frontend_engines(settings.frontend_count, len(self.engines)))
         ]
         self.stopping = False
 
@@ -173,8 +204,12 @@ class Launcher:
                 return code
             for frontend in self.frontends:
                 frontend.start(self.env)
+            devices = ", ".join(str(d) for d in engine_devices(self.settings) if d is not None)
             log.info(
-                "process mode: 1 engine, %d front-ends on %s:%d",
+                "process mode: %d engine%s%s, %d front-ends on %s:%d",
+                len(self.engines),
+                "s" if len(self.engines) > 1 else "",
+                f" (devices {devices})" if devices else "",
                 len(self.frontends),
                 self.settings.host,
                 self.settings.port,
@@ -199,25 +234,33 @@ class Launcher:
         return None
 
     def _start_engine(self) -> int | None:
-        """Start the engine and wait for its socket; its exit code where it cannot start (it said why)."""
-        self.socket_path.unlink(missing_ok=True)
-        self.engine.start(self.env)
+        """Start every engine and wait for their sockets; an exit code where one cannot start (it said why)."""
+        for engine in self.engines:
+            engine.start(self.env)
         deadline = time.monotonic() + ENGINE_START_S
-        while not self.socket_path.exists():
-            code = self.engine.exited()
-            if code is not None:
-                return code or 1
+        while not all(engine.socket is not None and engine.socket.exists() for engine in self.engines):
+            for engine in self.engines:
+                code = engine.exited()
+                if code is not None:
+                    self._stop_engines()
+                    return code or 1
             if self.stopping or time.monotonic() > deadline:
-                self.engine.signal(signal.SIGTERM)
-                self.engine.wait(10)
+                self._stop_engines()
                 return 1 if not self.stopping else 0
             time.sleep(POLL_S)
         return None
 
+    def _stop_engines(self) -> None:
+        for engine in self.engines:
+            engine.signal(signal.SIGTERM)
+        for engine in self.engines:
+            if engine.process is not None:
+                engine.wait(30)
+
     def _supervise(self) -> int:
         while not self.stopping:
             time.sleep(POLL_S)
-            for child in (self.engine, *self.frontends):
+            for child in (*self.engines, *self.frontends):
                 code = child.exited()
                 if code is None and not self.stopping and (why := child.stuck(self.settings.liveness_stall_s)):
                     log.error("%s (pid %d) is stuck: %s; killing it", child.name, child.pids[-1], why)
@@ -233,9 +276,7 @@ class Launcher:
                 if child.quick_exits >= MAX_QUICK_EXITS:
                     log.error("%s keeps failing at start; stopping the server", child.name)
                     return 1
-                if child is self.engine:
-                    self.socket_path.unlink(missing_ok=True)
-                role = "engine" if child is self.engine else "front-end"
+                role = "engine" if child in self.engines else "front-end"
                 self.restarts.labels(role, "stuck" if child.killed_as_stuck else "exited").inc()
                 child.start(self.env)
         return 0
@@ -246,6 +287,5 @@ class Launcher:
         for frontend in self.frontends:
             if frontend.process is not None:
                 frontend.wait(self.settings.drain_timeout_s + 5)
-        self.engine.signal(signal.SIGTERM)
-        self.engine.wait(30)
+        self._stop_engines()
         log.info("stopped")

@@ -133,6 +133,17 @@ class ModelInfo(BaseModel):
     )
     provider: str | None = None
     note: str | None = None
+    placement: dict[str, Any] | None = Field(
+        None,
+        description="where it runs and why: the --device asked for (requested), the provider, reason (requested, "
+        "no_cuda_provider, cuda_unusable) and why in words, the graph's nodes per provider; on CUDA the device, "
+        "the nodes placed on the CPU by op type and whether CUDA graphs are used",
+    )
+    cpu_variant_trial: dict[str, Any] | None = Field(
+        None,
+        description="--cpu-variant auto with fp32 and int8 both in the accuracy budget: each one's milliseconds "
+        "per batch timed at load on this CPU, the batch, and the variant chosen and why",
+    )
     demo: bool = False
     max_length: int | None = None
     shapes: ShapeInfo | None = Field(None, description="the engine's shape buckets, once the model is loaded")

@@ -117,6 +117,8 @@ class ServerState:
             "variant_accuracy": _variant_accuracy(config, engine.get("variant")),
             "provider": engine.get("provider"),
             "note": engine.get("note"),
+            "placement": engine.get("placement"),
+            "cpu_variant_trial": engine.get("cpu_variant_trial"),
             "demo": bool(config and config.demo),
             "max_length": config.max_length if config else None,
             "shapes": _shapes(engine),

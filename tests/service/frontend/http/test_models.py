@@ -27,7 +27,6 @@ VARIANTS = {"fp32": {}, "fp16": {}, "int8": {}}
         ("auto", [CUDA, CPU], "fp32", (CUDA, "fp16", None)),
         ("cuda", [CUDA, CPU], "int8", (CUDA, "fp16", None)),
         ("cpu", [CUDA, CPU], "int8", (CPU, "int8", None)),
-        ("cuda", [CPU], "fp32", (CPU, "fp32", "CUDA was requested but onnxruntime has no CUDA provider here")),
     ],
 )
 def test_placement(device: str, available: list[str], cpu_variant: str, expected: tuple) -> None:
@@ -159,7 +158,8 @@ def test_auto_serves_int8_measured_within_budget_and_lists_its_figures(
     source = str(tiny_checkpoint("bert", "classification"))
     export_checkpoint(source, "measured", repository, variants="fp32,int8", eval_path=data, max_accuracy_loss=100)
     export_checkpoint(source, "unmeasured", repository, variants="fp32,int8")
-    server = server_factory(repository)  # the default --cpu-variant is auto
+    # the default --cpu-variant is auto; not timed here (int8 where within budget): the timing is test_variant_trial's
+    server = server_factory(repository, "--cpu-variant-trial-s", "0")
     with server.client() as client:
         models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
         single = client.post("/v1/models/measured/classify", json={"inputs": [CORPUS[0]]}).json()
