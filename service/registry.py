@@ -102,7 +102,7 @@ class ModelRegistry:
             try:
                 model.config = read_config(entry)
                 spec = model.config.tokenizer
-                model.tokenizer = TextTokenizer.load(entry / spec.file, spec.pad_token_id)
+                model.tokenizer = TextTokenizer.load(entry / spec.file, spec.pad_token_id, spec.padding_side)
                 _check_vocabulary(model.config, model.tokenizer)
             except Exception as exc:
                 model.error = one_line(exc, self.settings)

@@ -9,6 +9,7 @@ real checkpoints. Weights are random (seeded); heads are real task heads.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -158,8 +159,17 @@ def sentencepiece_tokenizer(
     tokenizer.train_from_iterator(
         CORPUS, trainers.UnigramTrainer(vocab_size=320, special_tokens=specials, unk_token=unk)
     )
+    # The trainer's pieces are stable, their scores not (last digits move from run to run): score each piece by
+    # its own count in the corpus's words instead, a log frequency computed the same way every time.
     trained = json.loads(tokenizer.to_str())["model"]["vocab"]
-    pieces = sorted((p, round(s, 2)) for p, s in trained if p not in specials and p != mask)
+    words = Counter(
+        word
+        for text in CORPUS
+        for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(tokenizer.normalizer.normalize_str(text))
+    )
+    counts = {p: 1 + sum(n * w.count(p) for w, n in words.items()) for p, _ in trained if p not in [*specials, mask]}
+    total = sum(counts.values())
+    pieces = [(p, round(math.log(n / total), 4)) for p, n in sorted(counts.items())]
     ordered = [(p, 0.0) for p in specials] + pieces + ([] if mask in specials else [(mask, 0.0)])
     tokenizer.model = models.Unigram(ordered, unk_id=specials.index(unk), byte_fallback=False)
     tokenizer.post_processor = processors.TemplateProcessing(
