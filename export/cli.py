@@ -10,8 +10,9 @@ from pathlib import Path
 
 from export.errors import ExportError, first_line
 
-DESCRIPTION = """Export a fine-tuned BERT, RoBERTa, ALBERT or DistilBERT checkpoint (sequence classification,
-token classification or question answering) to a validated, optimized ONNX model-repository entry.
+DESCRIPTION = """Export a fine-tuned BERT-family checkpoint (BERT, RoBERTa, ALBERT, DistilBERT, XLM-RoBERTa, CamemBERT,
+ELECTRA, ERNIE, MobileBERT, DeBERTa-v2/v3, ModernBERT or XLNet; sequence classification, token classification or
+question answering) to a validated, optimized ONNX model-repository entry.
 `python -m export demo` builds the demo repository instead (small random-weight models, one per task)."""
 
 
