@@ -327,30 +327,20 @@ def make_config(arch: str, task: str, tokenizer: PreTrainedTokenizerFast, **over
 def family_config(
     arch: str, tokenizer: PreTrainedTokenizerFast, sizes: dict[str, Any], common: dict[str, Any], overrides: dict
 ) -> Any:
-    """The issue-31 families, each with the settings its real checkpoints have where they change the graph."""
+    """The issue-31 families, each with the settings its real checkpoints have where they change the graph
+    (`overrides` win: benchmarks.family_speed builds MiniLM-sized ones)."""
+    positions = MAX_POSITIONS
     if arch in ("xlm-roberta", "camembert"):
-        positions = MAX_POSITIONS + tokenizer.pad_token_id + 1
-        config_class = transformers.XLMRobertaConfig if arch == "xlm-roberta" else transformers.CamembertConfig
-        return config_class(max_position_embeddings=positions, type_vocab_size=1, **sizes, **common, **overrides)
-    if arch == "electra":  # embeddings narrower than the encoder, projected up (as ELECTRA-small)
-        return transformers.ElectraConfig(
-            max_position_embeddings=MAX_POSITIONS, embedding_size=16, **sizes, **common, **overrides
-        )
-    if arch == "ernie":
-        return transformers.ErnieConfig(max_position_embeddings=MAX_POSITIONS, **sizes, **common, **overrides)
-    if arch == "mobilebert":  # bottlenecks, stacked feed-forward networks and NoNorm, as MobileBERT has them
-        return transformers.MobileBertConfig(
-            max_position_embeddings=MAX_POSITIONS,
-            embedding_size=16,
-            intra_bottleneck_size=16,
-            num_feedforward_networks=2,
-            **sizes,
-            **common,
-            **overrides,
-        )
-    if arch == "deberta-v2":  # DeBERTa-v3: no segment embedding, shared relative keys, log buckets
-        return transformers.DebertaV2Config(
-            max_position_embeddings=MAX_POSITIONS,
+        positions += tokenizer.pad_token_id + 1
+    settings: dict[str, Any] = {"max_position_embeddings": positions, **sizes, **common}
+    if arch in ("xlm-roberta", "camembert"):
+        settings["type_vocab_size"] = 1
+    elif arch == "electra":  # embeddings narrower than the encoder, projected up (as ELECTRA-small)
+        settings["embedding_size"] = 16
+    elif arch == "mobilebert":  # bottlenecks, stacked feed-forward networks and NoNorm, as MobileBERT has them
+        settings.update(embedding_size=16, intra_bottleneck_size=16, num_feedforward_networks=2)
+    elif arch == "deberta-v2":  # DeBERTa-v3: no segment embedding, shared relative keys, log buckets
+        settings.update(
             type_vocab_size=0,
             position_biased_input=False,
             relative_attention=True,
@@ -359,14 +349,10 @@ def family_config(
             max_relative_positions=-1,
             norm_rel_ebd="layer_norm",
             share_att_key=True,
-            **sizes,
-            **common,
-            **overrides,
         )
-    if arch == "modernbert":  # 3 layers: global, local (a 16-token window, shorter than the inputs), global
-        sizes["num_hidden_layers"] = max(3, sizes["num_hidden_layers"])
-        return transformers.ModernBertConfig(
-            max_position_embeddings=MAX_POSITIONS,
+    elif arch == "modernbert":  # 3 layers: global, local (a 16-token window, shorter than the inputs), global
+        settings.update(
+            num_hidden_layers=max(3, sizes["num_hidden_layers"]),
             global_attn_every_n_layers=2,
             local_attention=16,
             cls_token_id=tokenizer.cls_token_id,
@@ -374,18 +360,26 @@ def family_config(
             bos_token_id=tokenizer.cls_token_id,
             eos_token_id=tokenizer.sep_token_id,
             reference_compile=False,
-            **sizes,
-            **common,
-            **overrides,
         )
-    return transformers.XLNetConfig(
-        d_model=sizes["hidden_size"],
-        n_layer=sizes["num_hidden_layers"],
-        n_head=sizes["num_attention_heads"],
-        d_inner=sizes["intermediate_size"],
-        **common,
-        **overrides,
-    )
+    elif arch == "xlnet":  # relative positions (no table), its own names for the sizes
+        del settings["max_position_embeddings"]
+        settings.update(
+            d_model=settings.pop("hidden_size"),
+            n_layer=settings.pop("num_hidden_layers"),
+            n_head=settings.pop("num_attention_heads"),
+            d_inner=settings.pop("intermediate_size"),
+        )
+    config_class = {
+        "xlm-roberta": transformers.XLMRobertaConfig,
+        "camembert": transformers.CamembertConfig,
+        "electra": transformers.ElectraConfig,
+        "ernie": transformers.ErnieConfig,
+        "mobilebert": transformers.MobileBertConfig,
+        "deberta-v2": transformers.DebertaV2Config,
+        "modernbert": transformers.ModernBertConfig,
+        "xlnet": transformers.XLNetConfig,
+    }[arch]
+    return config_class(**{**settings, **overrides})
 
 
 def write_tiny_checkpoint(
