@@ -1,9 +1,10 @@
 """Issue 31's encoder families: export cost, fused operators, and raw fp32 speed of ONNX Runtime vs PyTorch eager.
 
 Per family: the tiny test checkpoint (tests/tiny_models.py, classification) exported with the default variants
-(seconds, and the fp32 graph's fused operators with model.json's attention_fusion); then a MiniLM-sized random-weight
-classifier of the same family (6 layers, hidden 384, 12 heads, FFN 1536) exported fp32, and one batch shape
-(8 x 64 tokens, padded rows) timed in both runtimes on the same threads, interleaved: the median of `--runs` each.
+(seconds, and the fp32 graph's fused operators with model.json's attention_fusion); then a MiniLM-sized
+random-weight classifier of the same family (6 layers, hidden 384, 12 heads, FFN 1536; MobileBERT in its own
+shape) exported fp32, and one batch shape (8 x 64 tokens, padded rows) timed in both runtimes on the same threads,
+interleaved: the median of `--runs` each.
 
     python -m benchmarks.family_speed [--families xlnet,ernie] [--threads 1] [--runs 30]
 """
@@ -28,7 +29,17 @@ from export.pipeline import export_checkpoint
 from tests.tiny_models import FAMILIES, write_tiny_checkpoint
 
 MINILM = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536}
-WIDER = {"electra": {"embedding_size": 128}, "mobilebert": {"embedding_size": 128, "intra_bottleneck_size": 128}}
+# ELECTRA's narrower embeddings; MobileBERT's own shape (512 wide, 4 heads on a 128-wide bottleneck, FFN 512)
+WIDER = {
+    "electra": {"embedding_size": 128},
+    "mobilebert": {
+        "hidden_size": 512,
+        "num_attention_heads": 4,
+        "intermediate_size": 512,
+        "embedding_size": 128,
+        "intra_bottleneck_size": 128,
+    },
+}
 ROWS, WIDTH = 8, 64
 
 
