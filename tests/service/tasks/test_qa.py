@@ -379,12 +379,18 @@ def answers_one_token_longer(patch: pytest.MonkeyPatch) -> None:
 
 def cls_not_a_candidate(patch: pytest.MonkeyPatch) -> None:
     candidate_tokens = qa._candidate_tokens
-    patch.setattr(qa, "_candidate_tokens", lambda encoding: candidate_tokens(encoding) & (np.arange(len(encoding)) > 0))
+    patch.setattr(
+        qa,
+        "_candidate_tokens",
+        lambda encoding, *every: candidate_tokens(encoding, *every) & (np.arange(len(encoding)) > 0),
+    )
 
 
 def token_offsets_instead_of_words(patch: pytest.MonkeyPatch) -> None:
     char_span = qa._char_span
-    patch.setattr(qa, "_char_span", lambda encoding, start, end, _: char_span(encoding, start, end, False))
+    patch.setattr(
+        qa, "_char_span", lambda encoding, start, end, _, *sequence: char_span(encoding, start, end, False, *sequence)
+    )
 
 
 def answers_merged_case_sensitively(patch: pytest.MonkeyPatch) -> None:
@@ -418,7 +424,7 @@ def test_a_changed_postprocessing_fails_the_goldens(
     perturbation: Callable[[pytest.MonkeyPatch], None],
 ) -> None:
     perturbation(monkeypatch)
-    failures = sum(len(golden_failures(*tiny(arch))) for arch in ARCHS)
+    failures = sum(len(golden_failures(*tiny(arch))) for arch in ARCHS[:4])  # four tokenizer kinds are enough
     assert failures > 0, f"the goldens did not notice: {perturbation.__name__}"
 
 
