@@ -1,4 +1,5 @@
-"""The real checkpoints and evaluation data in ../shared: the twelve architecture x task cells, and real text.
+"""The real checkpoints and evaluation data in ../shared: the architecture x task cells (twelve, and five of the
+families of issue 31), and real text.
 
 `../shared/models` holds BERT-layout MiniLM checkpoints fine-tuned on SST-2, CoNLL-2003 and SQuAD (and a
 DistilBERT SST-2 one); `../shared/tools/port_checkpoint.py` maps them exactly into the other architectures.
@@ -35,6 +36,14 @@ class Cell:
 
 
 CELLS = tuple(Cell(arch, dataset) for dataset in DATASETS for arch in ARCHS)
+# Issue 31's families with exact ports of the same checkpoints: XLM-RoBERTa takes all three; ELECTRA's
+# classification head (GELU) is not BERT's tanh pooler, so it takes NER and QA only.
+FAMILY_CELLS = (
+    *(Cell("xlm-roberta", dataset) for dataset in DATASETS),
+    Cell("electra", "conll03"),
+    Cell("electra", "squad"),
+)
+ALL_CELLS = CELLS + FAMILY_CELLS
 
 
 def shared_available() -> bool:

@@ -1,4 +1,5 @@
-"""fp32 vs static int8 vs dynamic int8 on the twelve real architecture x task cells, in one run.
+"""fp32 vs static int8 vs dynamic int8 on the real architecture x task cells (the twelve, and the five ported into
+XLM-RoBERTa and ELECTRA), in one run.
 
 Per cell: the export with `--eval` on the shared data (SST-2 dev accuracy, CoNLL-2003 test entity F1, SQuAD
 v1.1 EM/F1, each with agreement with fp32), batch invariance (the largest |difference| of any output between
@@ -28,7 +29,7 @@ import onnxruntime as ort
 from transformers import AutoTokenizer
 
 from benchmarks.loadclient import run_load
-from benchmarks.realdata import CELLS, SHARED, Cell, checkpoint_for, encoded_batches, shared_available, texts_for
+from benchmarks.realdata import ALL_CELLS, SHARED, Cell, checkpoint_for, encoded_batches, shared_available, texts_for
 from benchmarks.reports import write_report
 from export.cli import quiet_libraries
 from export.evaluation import DEFAULT_MAX_LOSS
@@ -157,7 +158,7 @@ def main() -> None:
         default=3,
         help="served loads per variant, alternating; the best kept (on shared cores one round can run 30%% slow)",
     )
-    parser.add_argument("--cells", default="", help="comma-separated ARCH-DATASET (default: all twelve)")
+    parser.add_argument("--cells", default="", help="comma-separated ARCH-DATASET (default: all seventeen)")
     parser.add_argument(
         "--reuse-exports",
         action="store_true",
@@ -180,7 +181,7 @@ def main() -> None:
         "cells": {},
     }
     repository = args.workdir / "models"
-    for cell in CELLS:
+    for cell in ALL_CELLS:
         if wanted and f"{cell.arch}-{cell.dataset}" not in wanted:
             continue
         started = time.perf_counter()

@@ -23,6 +23,7 @@ TASKS: tuple[Task, ...] = ("classification", "ner", "qa")
 class TokenizerSpec:
     file: str
     pad_token_id: int
+    padding_side: str = "right"  # "left" for XLNet, whose classifier token is last
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class ModelConfig:
             inputs=tuple(_field(data, "inputs", list)),
             outputs=tuple(_field(data, "outputs", list)),
             max_length=max_length,
-            tokenizer=TokenizerSpec(str(_field(tokenizer, "file", str)), int(tokenizer.get("pad_token_id") or 0)),
+            tokenizer=_tokenizer_spec(tokenizer),
             variants=variants,
             demo=bool(data.get("demo", False)),
             vocab_size=_vocab_size(data),
@@ -89,6 +90,13 @@ def _field(data: Mapping[str, Any], name: str, kind: type) -> Any:
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ValueError(f"{MODEL_CONFIG} field {name!r} is missing or not a {kind.__name__}")
     return value
+
+
+def _tokenizer_spec(tokenizer: Mapping[str, Any]) -> TokenizerSpec:
+    side = tokenizer.get("padding_side") or "right"  # entries exported before it was recorded pad on the right
+    if side not in ("left", "right"):
+        raise ValueError(f"{MODEL_CONFIG} tokenizer.padding_side {side!r} is neither 'left' nor 'right'")
+    return TokenizerSpec(str(_field(tokenizer, "file", str)), int(tokenizer.get("pad_token_id") or 0), str(side))
 
 
 def _vocab_size(data: Mapping[str, Any]) -> int | None:

@@ -20,17 +20,19 @@ TruncationStrategy = Literal["longest_first", "only_first", "only_second"]
 
 
 class TextTokenizer:
-    def __init__(self, tokenizer_json: str, pad_token_id: int) -> None:
-        """From the text of a tokenizer.json (the file, or a fast tokenizer's `backend_tokenizer.to_str()`)."""
+    def __init__(self, tokenizer_json: str, pad_token_id: int, padding_side: str = "right") -> None:
+        """From the text of a tokenizer.json (the file, or a fast tokenizer's `backend_tokenizer.to_str()`).
+        `padding_side`: the model's (model.json); "left" (XLNet) also puts a QA context before its question."""
         self._json = tokenizer_json
+        self.padding_side = padding_side
         loaded = Tokenizer.from_str(self._json)  # fail at load time, not on the first request
         self.max_token_id = max(loaded.get_vocab(with_added_tokens=True).values(), default=-1)
         self.pad_token_id = pad_token_id
         self._local = threading.local()
 
     @classmethod
-    def load(cls, path: Path, pad_token_id: int) -> TextTokenizer:
-        return cls(path.read_text(encoding="utf-8"), pad_token_id)
+    def load(cls, path: Path, pad_token_id: int, padding_side: str = "right") -> TextTokenizer:
+        return cls(path.read_text(encoding="utf-8"), pad_token_id, padding_side)
 
     def _tokenizer(self) -> Tokenizer:
         tokenizer = getattr(self._local, "tokenizer", None)

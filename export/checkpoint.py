@@ -43,10 +43,15 @@ class Checkpoint:
     num_heads: int
     hidden_size: int
     source_info: dict[str, Any] = field(default_factory=dict)
+    input_names: tuple[str, ...] = ()  # what the graph takes: the architecture's, less segments it has no use for
+
+    def __post_init__(self) -> None:
+        if not self.input_names:
+            self.input_names = self.architecture.input_names
 
     @property
-    def input_names(self) -> tuple[str, ...]:
-        return self.architecture.input_names
+    def padding_side(self) -> str:
+        return self.architecture.padding_side
 
 
 def load_checkpoint(source: str, task: str = "auto", max_length: int | None = None) -> Checkpoint:
@@ -85,11 +90,20 @@ def load_checkpoint(source: str, task: str = "auto", max_length: int | None = No
         max_length=_max_length(config, architecture, tokenizer, max_length),
         labels=labels,
         problem_type=_problem_type(config, resolved_task),
-        num_layers=int(config.num_hidden_layers),
+        num_layers=int(config.num_hidden_layers),  # XLNet's n_layer, n_head and d_model answer to these names too
         num_heads=int(config.num_attention_heads),
         hidden_size=int(config.hidden_size),
         source_info=_source_info(source, local_dir, config),
+        input_names=_input_names(architecture, config),
     )
+
+
+def _input_names(architecture: Architecture, config: Any) -> tuple[str, ...]:
+    """The architecture's inputs, without token_type_ids where the model has no segment embedding to feed
+    (DeBERTa-v3: type_vocab_size 0; its tokenizer still writes segment ids, which the model never reads)."""
+    if getattr(config, "type_vocab_size", None) == 0:
+        return tuple(name for name in architecture.input_names if name != "token_type_ids")
+    return architecture.input_names
 
 
 def _local_dir(source: str) -> Path | None:
@@ -208,7 +222,11 @@ def _problem_type(config: Any, task: Task) -> str | None:
 
 
 def _max_length(config: Any, architecture: Architecture, tokenizer: Any, requested: int | None) -> int:
-    positions = int(config.max_position_embeddings)
+    if int(getattr(config, "max_position_embeddings", None) or -1) < 1:  # XLNet: relative positions, no table (-1)
+        positions = int(getattr(tokenizer, "model_max_length", 512) or 512)
+        positions = positions if positions < 1_000_000 else 512
+    else:
+        positions = int(config.max_position_embeddings)
     if architecture.reserved_positions:
         positions -= int(config.pad_token_id or 0) + 1
     tokenizer_limit = int(getattr(tokenizer, "model_max_length", positions) or positions)

@@ -11,8 +11,9 @@ from pathlib import Path
 from bertcore.messages import one_line
 from export.errors import ExportError
 
-DESCRIPTION = """Export a fine-tuned BERT, RoBERTa, ALBERT or DistilBERT checkpoint (sequence classification,
-token classification or question answering) to a validated, optimized ONNX model-repository entry.
+DESCRIPTION = """Export a fine-tuned BERT-family checkpoint (BERT, RoBERTa, ALBERT, DistilBERT, XLM-RoBERTa, CamemBERT,
+ELECTRA, ERNIE, MobileBERT, DeBERTa-v2/v3, ModernBERT or XLNet; sequence classification, token classification or
+question answering) to a validated, optimized ONNX model-repository entry.
 `python -m export demo` builds the demo repository instead, one model per task: small public fine-tuned
 checkpoints from the Hugging Face hub where it is reachable, else small random-weight models (it says so)."""
 

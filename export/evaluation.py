@@ -153,7 +153,9 @@ def _read_squad(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str, list
 def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:
     tokenizer, task = checkpoint.tokenizer, checkpoint.task
     if task == "qa":  # the server's tokenizer, from the tokenizer.json the export writes
-        served = TextTokenizer(tokenizer.backend_tokenizer.to_str(), tokenizer.pad_token_id or 0)
+        served = TextTokenizer(
+            tokenizer.backend_tokenizer.to_str(), tokenizer.pad_token_id or 0, checkpoint.padding_side
+        )
     rows: list[Any] = []
     golds: list[Any] = []
     extras: list[Any] = []
@@ -210,11 +212,12 @@ def predict(session: ort.InferenceSession, data: EvalSet, labels: list[str] | No
     tag_names = labels or []  # NER only: a token-classification checkpoint always names its labels
     for feed, chunk in zip(data.feeds, data.order, strict=True):
         (logits,) = session.run(["logits"], feed)
+        real = feed["attention_mask"].astype(bool)  # each row's own tokens, wherever its padding is
         for row, index in enumerate(chunk):  # one row per example: the row index is the example's
             if data.task == "classification":
                 answers[index] = int(logits[row].argmax())
             else:
-                tags = logits[row].argmax(-1)
+                tags = logits[row][real[row]].argmax(-1)
                 answers[index] = [tag_names[tags[t]] if t is not None else "O" for t in data.extras[index]]
     return answers
 
@@ -225,18 +228,18 @@ def _answer(session: ort.InferenceSession, data: EvalSet) -> list[tuple[int, int
     logits: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for feed, chunk in zip(data.feeds, data.order, strict=True):
         starts, ends = session.run(["start_logits", "end_logits"], feed)
+        real = feed["attention_mask"].astype(bool)  # each window's own tokens, wherever its padding is
         for row, index in enumerate(chunk):
-            logits[index] = (starts[row], ends[row])
+            logits[index] = (starts[row][real[row]], ends[row][real[row]])
     spans = []
     for example in data.extras:
-        lengths = [len(row) for row in example.features.rows]
         window_logits = [logits[index] for index in example.rows]
         best = qa.postprocess(
             example.question,
             example.context,
             example.features,
-            [start[:n] for (start, _), n in zip(window_logits, lengths, strict=True)],
-            [end[:n] for (_, end), n in zip(window_logits, lengths, strict=True)],
+            [start for start, _ in window_logits],
+            [end for _, end in window_logits],
             QA_PARAMS,
         )[0]
         spans.append((best["start"], best["end"]))

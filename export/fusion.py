@@ -78,13 +78,18 @@ def optimize(raw_path: Path, fused_path: Path, num_heads: int, hidden_size: int)
         folded.unlink(missing_ok=True)
 
 
-def check_attention_fused(fused_operators: dict[str, int], num_layers: int) -> None:
+def check_attention_fused(fused_operators: dict[str, int], num_layers: int, unfused_reason: str | None) -> dict:
+    """How many layers' attention was fused, for model.json. A family the optimizer can fuse (`unfused_reason`
+    None) must be fused in every layer, or the export stops; another is recorded with the reason."""
     fused = fused_operators.get("Attention", 0) + fused_operators.get("MultiHeadAttention", 0)
+    if unfused_reason is not None:
+        return {"fused_layers": fused, "layers": num_layers, "reason": unfused_reason}
     if fused != num_layers:
         raise ExportError(
             f"attention is fused in {fused} of {num_layers} layers (fused operators: {fused_operators}); "
             "an unfused layer runs several times slower, so the export stops here"
         )
+    return {"fused_layers": fused, "layers": num_layers, "reason": None}
 
 
 def write_cpu_graph(fused_path: Path, cpu_path: Path) -> int:

@@ -115,13 +115,20 @@ def export_checkpoint(
         raw.unlink()
         write_cpu_graph(staging / FUSED_FILE, staging / file_name("fp32"))
         variant_entries = {}
+        attention_fusion: dict[str, Any] = {}
         for variant in wanted:
             path = staging / file_name(variant)
             progress(f"writing and validating {variant}")
             extra = _write_variant(variant, staging, checkpoint, calibration_texts, progress)
             operators = contrib_operator_counts(path)
             if variant == "fp32":
-                check_attention_fused(operators, checkpoint.num_layers)
+                unfused = checkpoint.architecture.unfused_attention
+                attention_fusion = check_attention_fused(operators, checkpoint.num_layers, unfused)
+                if unfused is not None:
+                    progress(
+                        f"attention left unfused ({attention_fusion['fused_layers']} of "
+                        f"{checkpoint.num_layers} layers fused): {unfused}"
+                    )
             validation = _validate_variant(variant, path, checkpoint, cases, references)
             if variant == "fp32" and not validation.passed:
                 raise ExportError(
@@ -153,6 +160,7 @@ def export_checkpoint(
                 "budget_points": max_accuracy_loss,
             }
         config["refused_variants"] = refused
+        config["attention_fusion"] = attention_fusion
         write_config(staging, config)
     return ExportResult(entry=repository / name, config=config, seconds=time.perf_counter() - started)
 

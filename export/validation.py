@@ -66,7 +66,8 @@ def _batch(checkpoint: Checkpoint, lengths: list[int]) -> dict[str, np.ndarray]:
 
 
 def pad_rows(rows: list[dict[str, list[int]]], checkpoint: Checkpoint) -> dict[str, np.ndarray]:
-    """Encoded rows as one right-padded batch of exactly the inputs the checkpoint's graph takes."""
+    """Encoded rows as one padded batch of exactly the inputs the checkpoint's graph takes: padded on the right,
+    or on the left where the family's tokenizer pads there (XLNet, whose classifier token is last)."""
     width = max(len(row["input_ids"]) for row in rows)
     pad_id = checkpoint.tokenizer.pad_token_id or 0
     batch = {
@@ -74,12 +75,14 @@ def pad_rows(rows: list[dict[str, list[int]]], checkpoint: Checkpoint) -> dict[s
         "attention_mask": np.zeros((len(rows), width), dtype=np.int64),
         "token_type_ids": np.zeros((len(rows), width), dtype=np.int64),
     }
+    left = checkpoint.padding_side == "left"
     for i, row in enumerate(rows):
         n = len(row["input_ids"])
-        batch["input_ids"][i, :n] = row["input_ids"]
-        batch["attention_mask"][i, :n] = 1
+        where = slice(width - n, width) if left else slice(0, n)
+        batch["input_ids"][i, where] = row["input_ids"]
+        batch["attention_mask"][i, where] = 1
         if "token_type_ids" in row:
-            batch["token_type_ids"][i, :n] = row["token_type_ids"]
+            batch["token_type_ids"][i, where] = row["token_type_ids"]
     return {name: batch[name] for name in checkpoint.input_names}
 
 
@@ -156,13 +159,14 @@ def validate(
 
 
 def batch_invariance(session: ort.InferenceSession, names: tuple[str, ...], case: Case, per_token: bool) -> float:
-    """Largest |difference| between a row's outputs in the batch and the same row run alone, unpadded."""
+    """Largest |difference| between a row's outputs in the batch and the same row run alone, unpadded (its
+    tokens are where its mask is: at the start of a right-padded row, at the end of a left-padded one)."""
     batched = session.run(list(names), case.inputs)
     worst = 0.0
-    for row, length in enumerate(case.inputs["attention_mask"].sum(axis=1)):
-        alone = session.run(list(names), {name: array[row : row + 1, :length] for name, array in case.inputs.items()})
+    for row, real in enumerate(case.inputs["attention_mask"].astype(bool)):
+        alone = session.run(list(names), {name: array[row : row + 1, real] for name, array in case.inputs.items()})
         for together, single in zip(batched, alone, strict=True):
-            mine = together[row : row + 1, :length] if per_token else together[row : row + 1]
+            mine = together[row : row + 1, real] if per_token else together[row : row + 1]
             worst = max(worst, float(np.max(np.abs(mine.astype(np.float64) - single.astype(np.float64)))))
     return worst
 

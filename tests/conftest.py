@@ -33,3 +33,23 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
         return cache[key]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def family_repository(tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, float]]:
+    """Issue 31's encoder families, each x task exported once (default variants) as FAMILY-TASK, shared by the
+    export checks (tests/export/test_families.py) and the served-parity tests; with each export's seconds."""
+    import time
+
+    from export.pipeline import export_checkpoint
+    from tests.tiny_models import FAMILIES
+
+    repository = tmp_path_factory.mktemp("family-repository")
+    seconds = {}
+    for arch in FAMILIES:
+        for task in ("classification", "ner", "qa"):
+            checkpoint = tiny_checkpoint(arch, task)
+            started = time.perf_counter()
+            export_checkpoint(str(checkpoint), f"{arch}-{task}", repository)
+            seconds[f"{arch}-{task}"] = time.perf_counter() - started
+    return repository, seconds

@@ -9,10 +9,12 @@ tests compare `bertcore/tasks/qa.py` with the JSON this writes to tests/fixtures
 
 Options: --main-python (the transformers 5 venv that builds the tiny checkpoints; default .venv/bin/python),
 --shared (default ../shared; its real checkpoint and SQuAD data are skipped with a message when absent),
---out (default tests/fixtures/qa), --only tiny|real. It takes about two minutes on 2 CPU cores.
+--out (default tests/fixtures/qa), --only tiny|real, --arch NAME (repeatable: only those tiny checkpoints).
+It takes about two minutes on 2 CPU cores (four tiny checkpoints and the real one).
 
 What it does:
-- Tiny checkpoints (bert, roberta, albert, distilbert): built by the MAIN venv with
+- Tiny checkpoints (bert, roberta, albert, distilbert and issue 31's families, TINY_ARCHS; XLNet's tokenizer
+  pads on the left, so there the pipeline puts the context first): built by the MAIN venv with
   tests/tiny_models.write_tiny_checkpoint(directory, arch, "qa") in a temporary directory, exactly as the tests
   build them (seeded weights, deterministic tokenizers). transformers 4.57 cannot load the tokenizer_config.json
   that transformers 5 writes (`"tokenizer_class": "TokenizersBackend"`, unknown to 4.57), so 4.57 loads a copy
@@ -59,7 +61,21 @@ sys.path.insert(0, str(ROOT))
 
 from export.sample_text import CONTEXT, QUESTIONS, SENTENCES  # noqa: E402  (plain strings, no dependencies)
 
-TINY_ARCHS = ("bert", "roberta", "albert", "distilbert")
+TINY_ARCHS = (
+    "bert",
+    "roberta",
+    "albert",
+    "distilbert",
+    # issue 31's families (XLNet's tokenizer pads on the left: the pipeline puts its context first)
+    "xlm-roberta",
+    "camembert",
+    "electra",
+    "ernie",
+    "mobilebert",
+    "deberta-v2",
+    "modernbert",
+    "xlnet",
+)
 REAL_NAME = "minilm-bert-squad"
 SQUAD_FILE = Path("data") / "squad" / "dev-v1.1-eval-half.json"
 SQUAD_QUESTIONS = 150
@@ -155,6 +171,7 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "qa")
     parser.add_argument("--only", choices=("tiny", "real"))
+    parser.add_argument("--arch", action="append", choices=TINY_ARCHS, help="only these tiny checkpoints (repeat)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -162,7 +179,7 @@ def main() -> None:
     torch.set_num_threads(1)  # tiny matrices: more threads only spin, and the machine is shared
     if args.only != "real":
         with tempfile.TemporaryDirectory(prefix="qa-golden-") as workdir:
-            for arch in TINY_ARCHS:
+            for arch in args.arch or TINY_ARCHS:
                 write_fixture(args.out / f"tiny-{arch}.json", *tiny_fixture(Path(workdir), arch, args.main_python))
     if args.only != "tiny":
         checkpoint = args.shared / "models" / REAL_NAME
@@ -236,8 +253,9 @@ def check_tokenizer(tokenizer: Any, original: Path) -> None:
     loaded = json.loads(tokenizer.backend_tokenizer.to_str())
     if loaded != json.loads((original / "tokenizer.json").read_text(encoding="utf-8")):
         raise SystemExit(f"transformers 4.57 changed the tokenizer of {original} while loading it")
-    if not tokenizer.is_fast or tokenizer.padding_side != "right":
-        raise SystemExit(f"{original}: expected a fast tokenizer padding on the right (question first)")
+    saved = json.loads((original / "tokenizer_config.json").read_text(encoding="utf-8")).get("padding_side", "right")
+    if not tokenizer.is_fast or tokenizer.padding_side != saved:
+        raise SystemExit(f"{original}: expected a fast tokenizer padding on the {saved} (as transformers 5 saved it)")
 
 
 class LogitsRecorder:
@@ -278,6 +296,7 @@ def checkpoint_info(name: str, kind: str, original: Path, qa: Any, notes: list[s
         "fingerprint": fingerprint(original),
         "model_max_length": int(qa.tokenizer.model_max_length),
         "model_input_names": list(qa.tokenizer.model_input_names),
+        "padding_side": qa.tokenizer.padding_side,  # left (XLNet): the pipeline puts the context first
         "loaded_for_4.57_with": notes,
     }
 

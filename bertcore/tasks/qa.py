@@ -7,19 +7,24 @@ Windows (`prepare`)
     The question comes first and the context second (the pipeline puts the question first whenever the
     tokenizer pads on the right, as every BERT-family tokenizer does). The pair is encoded with `only_second`
     truncation to `max_seq_len` tokens and `doc_stride` tokens of overlap: each window holds the whole question
-    and a slice of the context. `max_question_len` is *not* applied: 4.57 only passed it to the slow-tokenizer
-    path, so a long question is never cut; it only leaves less room for the context.
+    and a slice of the context. Where the tokenizer pads on the left (XLNet, its <cls> last) the pipeline puts
+    the context first and truncates `only_first`, and so do we (`context_first`).
+    `max_question_len` is *not* applied: 4.57 only passed it to the slow-tokenizer path, so a long question is
+    never cut; it only leaves less room for the context.
     Defaults: `max_seq_len` = min(model limit, 384); `doc_stride` = min(max_seq_len // 2, 128). Unlike the
     pipeline we also cap an explicit `max_seq_len` at the model's limit (the model cannot take more).
 
 Candidates (`postprocess`, per window)
     A token may start or end an answer when it belongs to the context, or holds the CLS token id (the pipeline
     leaves CLS unmasked). Every other logit becomes -10000 and each of the start and end logits goes through a
-    softmax over the window (float32). The null score of the window is p_start[0] * p_end[0]; then position 0
-    is zeroed. A span (s, e) scores p_start[s] * p_end[e] when s <= e < s + max_answer_len, else 0. The
-    best `top_k * 2 + 10` spans (`top_k` when align_to_words is off) are taken with numpy's selection (same ties
-    as the pipeline), then spans whose start or end is not a candidate token are dropped (position 0 always
-    counts as a candidate: a quirk of the pipeline's `np.isin(..., mask.nonzero())` on a 2-D mask).
+    softmax over the window (float32). Context first (XLNet), the pipeline masks no token at all (its p_mask is `tok
+    != 1 if question_first else 0`: all zeros), so every token of the window is a candidate, and an answer's
+    characters are found through the words of sequence 0 (the context). The null score of the window is p_start[0] *
+    p_end[0]; then position 0 is zeroed. A span (s, e) scores p_start[s] * p_end[e] when s <= e < s +
+    max_answer_len, else 0. The best `top_k * 2 + 10` spans (`top_k` when align_to_words is off) are taken with
+    numpy's selection (same ties as the pipeline), then spans whose start or end is not a candidate token are
+    dropped (position 0 always counts as a candidate: a quirk of the pipeline's `np.isin(..., mask.nonzero())` on a
+    2-D mask).
 
 Answers
     A span becomes characters of the context: with `align_to_words` the start of the first token's word and the
@@ -69,7 +74,7 @@ from bertcore.tokenization import TextTokenizer
 DEFAULT_MAX_SEQ_LEN = 384
 DEFAULT_MAX_DOC_STRIDE = 128
 MASKED_LOGIT = np.float32(-10000.0)
-CONTEXT_SEQUENCE = 1  # question first, context second
+CONTEXT_SEQUENCE = 1  # question first, context second (context first: 0)
 
 
 class QaInputError(TaskInputError):
@@ -159,6 +164,7 @@ class QaFeatures:
     candidates: list[np.ndarray]  # bool per token: may start or end an answer (context tokens and CLS)
     max_seq_len: int
     doc_stride: int
+    context_sequence: int = CONTEXT_SEQUENCE  # the context's sequence index in each window (0: context first)
 
 
 def plan(tokenizer: TextTokenizer, question: str, context: str, params: QaParams, model_max_length: int) -> WindowPlan:
@@ -172,8 +178,8 @@ def plan(tokenizer: TextTokenizer, question: str, context: str, params: QaParams
         if not isinstance(text, str) or not text:
             raise QaInputError(f"{name} must be a non-empty string", field=name)
     max_seq_len, doc_stride = params.window(model_max_length)
-    whole = tokenizer.encode(question, context)[0]
-    context_tokens = sum(1 for sequence in whole.sequence_ids if sequence == CONTEXT_SEQUENCE)
+    whole = _encode(tokenizer, question, context)[0]
+    context_tokens = sum(1 for sequence in whole.sequence_ids if sequence == _context_sequence(tokenizer))
     fixed = len(whole) - context_tokens
     windows = _window_count(fixed, context_tokens, max_seq_len, doc_stride)
     if windows is None:
@@ -304,15 +310,14 @@ def prepare(
     if window_plan.whole is not None:
         encodings = [window_plan.whole]
     else:
-        encodings = tokenizer.encode(
-            question, context, max_length=max_seq_len, stride=doc_stride, strategy="only_second"
-        )
+        encodings = _encode(tokenizer, question, context, max_length=max_seq_len, stride=doc_stride)
     return QaFeatures(
         rows=[Row.from_encoding(encoding) for encoding in encodings],
         encodings=encodings,
-        candidates=[_candidate_tokens(encoding) for encoding in encodings],
+        candidates=[_candidate_tokens(encoding, context_first(tokenizer)) for encoding in encodings],
         max_seq_len=max_seq_len,
         doc_stride=doc_stride,
+        context_sequence=_context_sequence(tokenizer),
     )
 
 
@@ -337,8 +342,29 @@ def _no_windows_message(fixed: int, max_seq_len: int, doc_stride: int) -> str:
     )
 
 
-def _candidate_tokens(encoding: Encoding) -> np.ndarray:
-    """Context tokens, and every token holding the CLS id (the special token the template puts first)."""
+def context_first(tokenizer: TextTokenizer) -> bool:
+    """The pipeline's order for a tokenizer that pads on the left (XLNet): context, then question."""
+    return tokenizer.padding_side == "left"
+
+
+def _context_sequence(tokenizer: TextTokenizer) -> int:
+    return 0 if context_first(tokenizer) else CONTEXT_SEQUENCE
+
+
+def _encode(
+    tokenizer: TextTokenizer, question: str, context: str, max_length: int | None = None, stride: int = 0
+) -> list[Encoding]:
+    """The pair in the pipeline's order, the context truncated into windows (with `max_length`)."""
+    if context_first(tokenizer):
+        return tokenizer.encode(context, question, max_length=max_length, stride=stride, strategy="only_first")
+    return tokenizer.encode(question, context, max_length=max_length, stride=stride, strategy="only_second")
+
+
+def _candidate_tokens(encoding: Encoding, every_token: bool = False) -> np.ndarray:
+    """Context tokens, and every token holding the CLS id (the special token the template puts first); every
+    token where the context comes first (the pipeline's p_mask is all zeros there)."""
+    if every_token:
+        return np.ones(len(encoding.ids), dtype=bool)
     candidates = np.array([sequence == CONTEXT_SEQUENCE for sequence in encoding.sequence_ids], dtype=bool)
     if encoding.ids and encoding.special_tokens_mask[0] == 1:
         candidates |= np.asarray(encoding.ids) == encoding.ids[0]
@@ -422,7 +448,7 @@ def _collect_window(
     p_start[0] = p_end[0] = 0.0
     encoding = features.encodings[index]
     for start, end, score in _best_spans(p_start, p_end, candidates, params):
-        char_start, char_end = _char_span(encoding, start, end, params.align_to_words)
+        char_start, char_end = _char_span(encoding, start, end, params.align_to_words, features.context_sequence)
         collector.add(score, char_start, char_end, context)
 
 
@@ -464,13 +490,15 @@ def _top_indices(flat: np.ndarray, count: int) -> np.ndarray:
     return chosen[np.argsort(negated[chosen])]
 
 
-def _char_span(encoding: Encoding, start: int, end: int, align_to_words: bool) -> tuple[int, int]:
+def _char_span(
+    encoding: Encoding, start: int, end: int, align_to_words: bool, sequence: int = CONTEXT_SEQUENCE
+) -> tuple[int, int]:
     """Character span in the context of tokens start..end (whole words when aligning and both have words)."""
     if align_to_words:
         start_word, end_word = encoding.token_to_word(start), encoding.token_to_word(end)
         if start_word is not None and end_word is not None:
-            first = encoding.word_to_chars(start_word, CONTEXT_SEQUENCE)
-            last = encoding.word_to_chars(end_word, CONTEXT_SEQUENCE)
+            first = encoding.word_to_chars(start_word, sequence)
+            last = encoding.word_to_chars(end_word, sequence)
             if first is not None and last is not None:
                 return first[0], last[1]
     return encoding.offsets[start][0], encoding.offsets[end][1]

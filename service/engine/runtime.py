@@ -169,6 +169,7 @@ class ModelRuntime:
         self.output_names = list(config.outputs)
         self.per_token = config.per_token
         self.pad_token_id = config.tokenizer.pad_token_id
+        self.left_padded = config.tokenizer.padding_side == "left"  # XLNet: each row ends at the batch's last column
         self.variant_trial: dict[str, Any] | None = None  # --cpu-variant auto: the timings and the choice
         self.graphs_note: str | None = None  # why CUDA graphs were asked for and are not used
         self.placement = choose_placement(settings, config.variants, available_providers())
@@ -368,14 +369,16 @@ class ModelRuntime:
         count, width = len(rows), max(lengths)
         if self.grid is not None:
             count, width = self.grid.bucket(count, width)
-        real = np.arange(width) < np.asarray(lengths)[:, None]  # (rows, width): True over each row's own tokens
+        columns, ends = np.arange(width), np.asarray(lengths)[:, None]
+        # (rows, width): True over each row's own tokens, at its start (right padding) or its end (left padding)
+        real = columns >= width - ends if self.left_padded else columns < ends
         ids = np.full((count, width), self.pad_token_id, dtype=np.int64)
         mask = np.zeros((count, width), dtype=np.int64)
         types = np.zeros((count, width), dtype=np.int64)
         ids[: len(rows)][real] = np.concatenate([row.input_ids for row in rows])
         types[: len(rows)][real] = np.concatenate([row.token_type_ids for row in rows])
         mask[: len(rows)] = real
-        mask[len(rows) :, 0] = 1  # filler rows attend to one token, so no row is all-masked
+        mask[len(rows) :, -1 if self.left_padded else 0] = 1  # filler rows attend to one token: none all-masked
         feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return PreparedBatch({name: feed[name] for name in self.input_names}, lengths)
 
@@ -394,9 +397,11 @@ class ModelRuntime:
             rows, width = batch.shape
             self.memory.end(large=rows * width >= self.settings.release_memory_min_tokens)
         results = []
+        width = batch.shape[1]
         for i, n in enumerate(batch.lengths):
+            own = slice(width - n, width) if self.left_padded else slice(0, n)
             per_row = zip(self.output_names, outputs, strict=True)
-            results.append({name: (out[i, :n] if self.per_token else out[i]) for name, out in per_row})
+            results.append({name: (out[i, own] if self.per_token else out[i]) for name, out in per_row})
         return results
 
     def run(self, rows: list[Row]) -> list[dict[str, np.ndarray]]:

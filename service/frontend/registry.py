@@ -104,7 +104,7 @@ class ModelRegistry:
         model = self.models[entry.name] = ServedModel(entry.name, entry)
         model.config = read_config(entry)
         spec = model.config.tokenizer
-        model.tokenizer = TextTokenizer.load(entry / spec.file, spec.pad_token_id)
+        model.tokenizer = TextTokenizer.load(entry / spec.file, spec.pad_token_id, spec.padding_side)
         _check_vocabulary(model.config, model.tokenizer)
 
     def _failed(self, name: str, reason: str) -> None:

@@ -34,6 +34,10 @@ def test_an_exported_entry_reads_back_typed(entry: Path, written: dict) -> None:
         and config.tokenizer.pad_token_id == written["tokenizer"]["pad_token_id"]
     )
     assert (entry / config.variant_file("int8")).is_file()
+    assert config.tokenizer.padding_side == "right"
+    older = copy.deepcopy(written)
+    del older["tokenizer"]["padding_side"]  # entries written before the server read it pad on the right
+    assert ModelConfig.parse(older).tokenizer.padding_side == "right"
 
 
 @pytest.mark.parametrize(
@@ -48,6 +52,7 @@ def test_an_exported_entry_reads_back_typed(entry: Path, written: dict) -> None:
         (lambda c: c.update(outputs="logits"), "'outputs' is missing or not a list"),
         (lambda c: c["encoder"].update(vocab_size="30522"), "'vocab_size' is missing or not a int"),
         (lambda c: c["encoder"].update(vocab_size=0), "encoder.vocab_size 0 is not a vocabulary size"),
+        (lambda c: c["tokenizer"].update(padding_side="top"), "padding_side 'top' is neither"),
     ],
 )
 def test_what_the_server_relies_on_is_checked_by_name(written: dict, change, message: str, tmp_path: Path) -> None:

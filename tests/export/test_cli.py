@@ -86,7 +86,8 @@ CASES = [
     (
         "unsupported",
         [],
-        "unsupported model_type 'gpt2' (GPT2LMHeadModel); supported: BERT, RoBERTa, ALBERT, DistilBERT",
+        "unsupported model_type 'gpt2' (GPT2LMHeadModel); supported: BERT, RoBERTa, ALBERT, DistilBERT, "
+        "XLM-RoBERTa, CamemBERT, ELECTRA, ERNIE, MobileBERT, DeBERTa-v2/v3, ModernBERT, XLNet with a sequence",
     ),
     ("base", [], "a base model with no task head cannot be served"),
     ("tiny", ["--task", "ner"], "task mismatch: "),

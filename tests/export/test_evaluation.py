@@ -234,10 +234,13 @@ def test_a_question_the_server_cannot_take_is_named(tiny_checkpoint, tmp_path: P
         load_eval_set(data, checkpoint)
 
 
-@pytest.mark.parametrize("variant", ["fp32", "int8"])
-def test_the_qa_gate_scores_the_answers_the_server_gives(tiny_checkpoint, tmp_path: Path, variant: str) -> None:
+@pytest.mark.parametrize(("arch", "variant"), [("bert", "fp32"), ("bert", "int8"), ("xlnet", "fp32")])
+def test_the_qa_gate_scores_the_answers_the_server_gives(
+    tiny_checkpoint, tmp_path: Path, arch: str, variant: str
+) -> None:
     """The export judges a QA variant on the answers the server would give: the server's windows (contexts of
-    several windows here) and decoding at its defaults, so that what passes the budget is what is served."""
+    several windows here) and decoding at its defaults, so that what passes the budget is what is served.
+    XLNet: windows context first, rows padded on the left."""
     from tests.harness.serving import start_service
 
     contexts = [" ".join(CORPUS[i : i + 6]) for i in range(0, 12, 3)]
@@ -250,7 +253,7 @@ def test_the_qa_gate_scores_the_answers_the_server_gives(tiny_checkpoint, tmp_pa
     squad = {"data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas} for context in contexts]}]}
     data = tmp_path / "dev.json"
     data.write_text(json.dumps(squad))
-    source = str(tiny_checkpoint("bert", "qa"))
+    source = str(tiny_checkpoint(arch, "qa"))
     entry = export_checkpoint(
         source, "m", tmp_path / "models", variants="fp32,int8", eval_path=data, max_accuracy_loss=100
     ).entry
@@ -275,8 +278,13 @@ def test_the_qa_gate_scores_the_answers_the_server_gives(tiny_checkpoint, tmp_pa
         server.stop()
     assert spans == served
     first_window_reach = [
-        max(end for (_, end), part in zip(first.offsets, first.sequence_ids, strict=True) if part == 1)
-        for first in (example.features.encodings[0] for example in eval_set.extras)
+        max(
+            end
+            for (_, end), part in zip(first.offsets, first.sequence_ids, strict=True)
+            if part == example.features.context_sequence
+        )
+        for example in eval_set.extras
+        for first in example.features.encodings[:1]
     ]
     assert any(start >= reach for (start, _), reach in zip(served, first_window_reach, strict=True)), (
         "every answer lay in its first window: a gate that cut contexts to one window would pass this test too"

@@ -101,7 +101,8 @@ def test_export_fuses_validates_and_reloads(tiny_checkpoint, tmp_path: Path, arc
 def _check_reload_matches_pytorch(entry: Path, config: dict, checkpoint: Path, task: str) -> None:
     """From the entry alone (tokenizer.json + ONNX), on texts the export never saw, match PyTorch."""
     tokenizer = Tokenizer.from_file(str(entry / config["tokenizer"]["file"]))
-    tokenizer.enable_padding(pad_id=config["tokenizer"]["pad_token_id"])
+    side = config["tokenizer"]["padding_side"]  # XLNet's pads on the left
+    tokenizer.enable_padding(pad_id=config["tokenizer"]["pad_token_id"], direction=side)
     encodings = tokenizer.encode_batch(FRESH_TEXTS if task != "ner" else [t for t, _ in FRESH_TEXTS])
     feed = {
         "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),

@@ -1,4 +1,5 @@
-"""The real fine-tuned checkpoints in ../shared, all twelve architecture x task cells: export and match PyTorch."""
+"""The real fine-tuned checkpoints in ../shared, all twelve architecture x task cells and the five ported into
+XLM-RoBERTa and ELECTRA: export and match PyTorch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from benchmarks.realdata import CELLS, SHARED, Cell, checkpoint_for, encoded_batches, shared_available, texts_for
+from benchmarks.realdata import ALL_CELLS, SHARED, Cell, checkpoint_for, encoded_batches, shared_available, texts_for
 from export.pipeline import export_checkpoint
 from export.validation import agreement, max_abs_diff
 
@@ -26,7 +27,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("real")
 
 
-@pytest.mark.parametrize("cell", CELLS, ids=[cell.name for cell in CELLS])
+@pytest.mark.parametrize("cell", ALL_CELLS, ids=[cell.name for cell in ALL_CELLS])
 def test_real_checkpoint_exports_fused_and_matches_pytorch(workdir: Path, cell: Cell) -> None:
     checkpoint = checkpoint_for(cell, workdir / "checkpoints")
     result = export_checkpoint(str(checkpoint), cell.name, workdir / "models", variants="fp32,int8")

@@ -39,7 +39,21 @@ from transformers import AutoModelForQuestionAnswering
 from bertcore.tasks import qa
 from bertcore.tokenization import TextTokenizer
 
-ARCHS = ("bert", "roberta", "albert", "distilbert")
+# with issue 31's families (XLNet's tokenizer pads on the left: the pipeline, and so we, put its context first)
+ARCHS = (
+    "bert",
+    "roberta",
+    "albert",
+    "distilbert",
+    "xlm-roberta",
+    "camembert",
+    "electra",
+    "ernie",
+    "mobilebert",
+    "deberta-v2",
+    "modernbert",
+    "xlnet",
+)
 SCORE_TOLERANCE = 1e-4
 NEGLIGIBLE = float(np.finfo(np.float32).tiny)  # scores below: underflowed probabilities, CPU-dependent
 LOGIT_TOLERANCE = 1e-3  # ours (transformers 5) vs the pipeline's model (4.57), fp32 eager: measured <= 2.2e-5
@@ -116,7 +130,8 @@ class Checkpoint:
     def load(cls, directory: Path, golden: Golden) -> Checkpoint:
         check_fingerprint(directory, golden.fixture)
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-        tokenizer = TextTokenizer.load(directory / "tokenizer.json", config.get("pad_token_id"))
+        side = golden.fixture["checkpoint"].get("padding_side", "right")  # recorded where it is not "right"
+        tokenizer = TextTokenizer.load(directory / "tokenizer.json", config.get("pad_token_id"), side)
         return cls(tokenizer, golden.fixture["checkpoint"]["model_max_length"])
 
     def prepare(self, question: str, context: str, params: qa.QaParams) -> qa.QaFeatures:
@@ -364,12 +379,18 @@ def answers_one_token_longer(patch: pytest.MonkeyPatch) -> None:
 
 def cls_not_a_candidate(patch: pytest.MonkeyPatch) -> None:
     candidate_tokens = qa._candidate_tokens
-    patch.setattr(qa, "_candidate_tokens", lambda encoding: candidate_tokens(encoding) & (np.arange(len(encoding)) > 0))
+    patch.setattr(
+        qa,
+        "_candidate_tokens",
+        lambda encoding, *every: candidate_tokens(encoding, *every) & (np.arange(len(encoding)) > 0),
+    )
 
 
 def token_offsets_instead_of_words(patch: pytest.MonkeyPatch) -> None:
     char_span = qa._char_span
-    patch.setattr(qa, "_char_span", lambda encoding, start, end, _: char_span(encoding, start, end, False))
+    patch.setattr(
+        qa, "_char_span", lambda encoding, start, end, _, *sequence: char_span(encoding, start, end, False, *sequence)
+    )
 
 
 def answers_merged_case_sensitively(patch: pytest.MonkeyPatch) -> None:
@@ -403,7 +424,7 @@ def test_a_changed_postprocessing_fails_the_goldens(
     perturbation: Callable[[pytest.MonkeyPatch], None],
 ) -> None:
     perturbation(monkeypatch)
-    failures = sum(len(golden_failures(*tiny(arch))) for arch in ARCHS)
+    failures = sum(len(golden_failures(*tiny(arch))) for arch in ARCHS[:4])  # four tokenizer kinds are enough
     assert failures > 0, f"the goldens did not notice: {perturbation.__name__}"
 
 

@@ -78,6 +78,33 @@ def test_padding_to_a_bucket_does_not_change_any_rows_outputs(tiny_repository: P
                 np.testing.assert_allclose(g[name], w[name], atol=1e-4)
 
 
+def test_a_left_padding_model_gets_its_rows_at_the_end_and_the_same_answers_in_any_batch(family_repository) -> None:
+    """XLNet pads on the left (its classifier token is last): rows end at the batch's last column, filler rows
+    attend to that column, and each row's outputs are its own, alone, in a batch or in a bucket."""
+    repository, _ = family_repository
+    bucketed = runtime_for(repository / "xlnet-classification", **BUCKETS)
+    assert bucketed.left_padded
+    rows = [Row(np.arange(10, 10 + n, dtype=np.int64), np.arange(n, dtype=np.int64) % 2) for n in (5, 1, 9)]
+    feed = bucketed.prepare(rows).feed
+    ids, mask, types = feed["input_ids"], feed["attention_mask"], feed["token_type_ids"]
+    assert ids.shape == (4, 16)
+    for i, row in enumerate(rows):
+        n = len(row)
+        assert ids[i, 16 - n :].tolist() == row.input_ids.tolist() and (ids[i, : 16 - n] == bucketed.pad_token_id).all()
+        assert types[i, 16 - n :].tolist() == row.token_type_ids.tolist() and not types[i, : 16 - n].any()
+        assert mask[i, 16 - n :].all() and not mask[i, : 16 - n].any()
+    assert mask[3].tolist() == [0] * 15 + [1]
+    for cell in ("xlnet-classification", "xlnet-ner"):
+        exact, bucketed = runtime_for(repository / cell), runtime_for(repository / cell, **BUCKETS)
+        rows = random_rows(5, seed=3)
+        alone = [exact.run([row])[0] for row in rows]
+        for outputs in (exact.run(rows), bucketed.run(rows)):
+            for want, got in zip(alone, outputs, strict=True):
+                for name in want:
+                    assert got[name].shape == want[name].shape
+                    np.testing.assert_allclose(got[name], want[name], atol=1e-5)
+
+
 def test_warm_up_runs_every_bucket_on_the_batch_thread_and_batches_stay_in_the_grid(tiny_repository: Path) -> None:
     settings = Settings(device="cpu", threads=1, **BUCKETS)
     core = EngineCore(
