@@ -239,7 +239,7 @@ def handler(state: ServerState, keys: ApiKeys) -> grpc.GenericRpcHandler:
         SERVICE,
         {
             name: grpc.unary_unary_rpc_method_handler(
-                Call(name, method, keys, state),
+                Call(name, method, keys, state).__call__,  # a coroutine function, as grpc.aio looks for
                 request_deserializer=request_type.FromString,
                 response_serializer=response_type.SerializeToString,
             )
