@@ -35,6 +35,15 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)
 }
 router = APIRouter(tags=["open inference protocol v2"])
+# 503 from a health or ready route: its own body, saying false
+NOT_READY_BODY: dict[int | str, dict[str, Any]] = {503: {"description": "Not (yet, or no longer)"}}
+BINARY_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        "description": "JSON, or with binary outputs (Triton's binary tensor data) the JSON then the outputs' bytes; "
+        "Inference-Header-Content-Length gives the JSON's length",
+    }
+}
 
 
 class Parameters(BaseModel):
@@ -113,18 +122,20 @@ class ModelReady(BaseModel):
     ready: bool
 
 
-@router.get("/v2", response_model=ServerMetadata, summary="Server metadata", responses=ERRORS)
+@router.get("/v2", response_model=ServerMetadata, summary="Server metadata")
 async def metadata() -> dict[str, Any]:
     return oip.server_metadata()
 
 
-@router.get("/v2/health/live", response_model=Live, summary="The server is live", responses=ERRORS)
+@router.get("/v2/health/live", response_model=Live, summary="The server is live", responses=NOT_READY_BODY)
 async def live(request: Request) -> JSONResponse:
     status, _ = server_state(request).liveness()
     return JSONResponse({"live": status == 200}, status_code=status)
 
 
-@router.get("/v2/health/ready", response_model=Ready, summary="Every model is ready (503 while not)", responses=ERRORS)
+@router.get(
+    "/v2/health/ready", response_model=Ready, summary="Every model is ready (503 while not)", responses=NOT_READY_BODY
+)
 async def ready(request: Request) -> JSONResponse:
     status, _ = server_state(request).readiness()
     return JSONResponse({"ready": status == 200}, status_code=status)
@@ -136,7 +147,10 @@ async def model_metadata(name: str, request: Request) -> dict[str, Any]:
 
 
 @router.get(
-    "/v2/models/{name}/ready", response_model=ModelReady, summary="The model is ready (503 while not)", responses=ERRORS
+    "/v2/models/{name}/ready",
+    response_model=ModelReady,
+    summary="The model is ready (503 while not)",
+    responses={**ERRORS, **NOT_READY_BODY},
 )
 async def model_ready(name: str, request: Request) -> JSONResponse:
     model = server_state(request).registry.lookup(name)
@@ -263,7 +277,7 @@ def infer_documentation() -> APIRoute:
         methods=["POST"],
         name="v2_infer",
         response_model=InferResponse,
-        responses=ERRORS,
+        responses={**ERRORS, **BINARY_ANSWER},
         tags=["open inference protocol v2"],
         summary="Inference: text in BYTES tensors, the model's outputs back",
     )
