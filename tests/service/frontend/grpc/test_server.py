@@ -81,11 +81,15 @@ def test_typed_contents_are_answered_in_typed_contents(oip_server) -> None:
         request = pb.ModelInferRequest(model_name="bert-classification")
         tensor = request.inputs.add(name="text", datatype="BYTES", shape=[2])
         tensor.contents.bytes_contents.extend(text.encode() for text in TEXTS)
-        response = stub.ModelInfer(request, timeout=30)
+        response, call = stub.ModelInfer.with_call(request, metadata=(("x-request-id", "typed-1"),), timeout=30)
+    assert dict(call.initial_metadata())["x-request-id"] == "typed-1"
     assert not response.raw_output_contents
     label, score = response.outputs
     assert list(label.shape) == [2, 1] and len(label.contents.bytes_contents) == 2
     assert len(score.contents.fp32_contents) == 2 and 0 < score.contents.fp32_contents[0] <= 1
+    metrics = httpx.get(f"{oip_server.http.url}/metrics", timeout=10).text
+    assert 'bertserve_requests_total{endpoint="grpc-infer",model="bert-classification",status="200"}' in metrics
+    assert '"POST /inference.GRPCInferenceService/ModelInfer" 200' in oip_server.http.log()
 
 
 def raw_request(model: str, name: str, elements: list[bytes], shape: list[int] | None = None, datatype: str = "BYTES"):
@@ -159,6 +163,7 @@ def test_hostile_calls_get_a_clear_status_and_the_server_keeps_serving(strict_oi
         assert error.value.code() == code, error.value.details()
         assert words in (error.value.details() or "")
         assert stub.ModelInfer(GOOD, metadata=AUTH, timeout=30).outputs[0].name == "label"
+    assert "Traceback" not in strict_oip_server.http.log()
 
 
 def test_keys_are_required_but_not_by_the_probes(strict_oip_server) -> None:
@@ -191,6 +196,7 @@ def test_a_passed_deadline_is_deadline_exceeded(oip_server) -> None:
             stub.ModelInfer(long, timeout=0.05)
         assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert stub.ModelInfer(GOOD, timeout=30).outputs[0].name == "label"
+    assert "Traceback" not in oip_server.http.log()
 
 
 def test_overload_is_resource_exhausted_with_a_retry_hint(strict_oip_server) -> None:
