@@ -105,6 +105,13 @@ def measure(adapter: Adapter, url: str, grpc_target: str, batches: list[list[str
     return run_load(url, adapter.path, requests, sizes, clients, seconds)
 
 
+def combined(rounds: list[LoadResult]) -> LoadResult:
+    """One adapter's rounds as one run: their requests over the sum of their times."""
+    merged = LoadResult.merge(rounds)
+    merged.seconds = sum(r.seconds for r in rounds)
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="per adapter, request size and round")
@@ -152,10 +159,9 @@ def main() -> None:
     print("\n| request | protocol | clients | sequences/s | vs native | p50 ms | p99 ms | non-200 |")
     print("|---|---|---|---|---|---|---|---|")
     for shape, (_, clients) in shapes.items():
-        native = LoadResult.merge(runs[(shape, ADAPTERS[0].name)]).sequences_per_s
+        native = combined(runs[(shape, ADAPTERS[0].name)]).sequences_per_s
         for adapter in ADAPTERS:
-            merged = LoadResult.merge(runs[(shape, adapter.name)])
-            merged.seconds = sum(r.seconds for r in runs[(shape, adapter.name)])
+            merged = combined(runs[(shape, adapter.name)])
             summary = merged.summary()
             failed = sum(count for status, count in merged.statuses.items() if status != 200)
             ratio = merged.sequences_per_s / native if native else float("nan")

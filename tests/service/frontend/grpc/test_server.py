@@ -5,6 +5,7 @@ serving; process mode's front-ends all serve it on one port."""
 from __future__ import annotations
 
 import json
+import socket
 import struct
 
 import grpc
@@ -17,6 +18,7 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.harness.serving import free_port
+from tests.service.conftest import run_service
 from tests.service.frontend.conftest import API_KEY
 
 TEXTS = ["a gorgeous movie", "dull and far too long"]
@@ -243,3 +245,13 @@ def test_every_front_end_of_process_mode_serves_grpc(oip_repository, server_fact
         client.close()
     assert answered == 12
     assert server.log().count("gRPC (Open Inference Protocol v2) on") == 2
+
+
+def test_a_grpc_port_in_use_is_refused_at_start_with_the_reason(oip_repository) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_service("--repository", str(oip_repository), "--port", str(free_port()), "--grpc-port", str(port))
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "(gRPC)" in done.stderr
