@@ -17,7 +17,7 @@ from service.frontend.http.auth import ApiKeys, open_paths
 from service.frontend.http.server import serve
 from service.repository import discover
 from service.settings import settings_from_cli
-from service.supervisor.launcher import Launcher, resolve_engine_mode
+from service.supervisor.launcher import Launcher, port_problem, resolve_engine_mode
 
 log = logging.getLogger("service")
 
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if resolve_engine_mode(settings) == "process":
         return Launcher(settings).run()
+    if settings.grpc_port and (problem := port_problem(settings.host, settings.grpc_port)):
+        print(f"error: {problem} (gRPC)", file=sys.stderr)
+        return 2
     app = create_app(settings)
     try:
         app.state.server.load()  # before serving: a model that must load and cannot is one line, not a traceback

@@ -99,16 +99,18 @@ def log_access(
     status: int,
     duration_s: float,
     client: tuple[str, int] | None,
+    model: str | None = None,
 ) -> None:
-    """One access line (the caller checks `access_log.isEnabledFor(logging.INFO)` first, to skip the work)."""
-    parts = path.split("/") if path and path.startswith("/v1/models/") else []  # ['', 'v1', 'models', name, ...]
+    """One access line (the caller checks `access_log.isEnabledFor(logging.INFO)` first, to skip the work); the
+    model is the path's (/v1/models/NAME/..., /v2/models/NAME/...) unless given (a gRPC call's)."""
+    parts = path.split("/") if path and path.startswith(("/v1/models/", "/v2/models/")) else []
     fields = {
         "method": method,
         "path": path,
         "status": status,
         "duration_ms": round(duration_s * 1000, 2),
         "client": f"{client[0]}:{client[1]}" if client else None,
-        "model": parts[3] if len(parts) > 3 and parts[3] else None,
+        "model": model or (parts[3] if len(parts) > 3 and parts[3] else None),
     }
     # text: the request line JSON-quoted, so that no path can forge a line of its own
     text = json.dumps(f"{method or '-'} {path or '-'}")

@@ -36,6 +36,13 @@ class Settings(BaseSettings):
         description="a port where a process of its own answers /livez and /readyz, fast under any load (for "
         "orchestrator probes); 0: none (the probes are on --port as always)",
     )
+    grpc_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="a port for the Open Inference Protocol v2 over gRPC (KServe's GRPCInferenceService, as "
+        "tritonclient.grpc calls it), served by every front-end beside HTTP; 0: no gRPC",
+    )
     liveness_stall_s: float = Field(
         10.0,
         gt=0,
@@ -159,7 +166,9 @@ class Settings(BaseSettings):
         "whichever is more",
     )
     request_timeout_s: float = Field(30.0, gt=0, le=3600, description="per-request deadline; past it 504")
-    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="largest request body")
+    max_body_bytes: int = Field(
+        2 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="largest request body (a gRPC message's too)"
+    )
     max_inputs_per_request: int = Field(64, ge=1, le=10_000, description="most inputs in one request")
     max_chars_per_input: int = Field(20_000, ge=1, le=10_000_000, description="longest text, in characters")
     token_overflow: Literal["truncate", "error"] = Field(
@@ -315,6 +324,10 @@ class Settings(BaseSettings):
         if self.probe_port and self.probe_port == self.port:
             raise ValueError(
                 f"probe_port ({self.probe_port}) must differ from port: the probes need a port of their own"
+            )
+        if self.grpc_port and self.grpc_port in (self.port, self.probe_port):
+            raise ValueError(
+                f"grpc_port ({self.grpc_port}) must differ from port and probe_port: gRPC needs a port of its own"
             )
         if self.request_timeout_s * 1000 <= self.max_wait_ms:
             raise ValueError("request_timeout_s must be longer than max_wait_ms, or every request times out")

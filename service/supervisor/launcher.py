@@ -130,6 +130,18 @@ class Child:
             return self.process.wait(5)
 
 
+def port_problem(host: str, port: int) -> str | None:
+    """Why the port cannot be listened on (another process holds it), or None."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror}"
+    return None
+
+
 def restart_counter(metrics_dir: Path) -> Counter:
     """The launcher's one metric, written to the children's multiprocess directory (a file of this process's own,
     merged into every front-end's /metrics). prometheus_client picks multiprocess values from the environment at
@@ -206,13 +218,14 @@ class Launcher:
                 frontend.start(self.env)
             devices = ", ".join(str(d) for d in engine_devices(self.settings) if d is not None)
             log.info(
-                "process mode: %d engine%s%s, %d front-ends on %s:%d",
+                "process mode: %d engine%s%s, %d front-ends on %s:%d%s",
                 len(self.engines),
                 "s" if len(self.engines) > 1 else "",
                 f" (devices {devices})" if devices else "",
                 len(self.frontends),
                 self.settings.host,
                 self.settings.port,
+                f" (gRPC :{self.settings.grpc_port})" if self.settings.grpc_port else "",
             )
             code = self._supervise()
             self._shutdown()
@@ -224,13 +237,10 @@ class Launcher:
         self.stopping = True
 
     def _port_problem(self) -> str | None:
-        family = socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((self.settings.host, self.settings.port))
-            except OSError as exc:
-                return f"cannot listen on {self.settings.host}:{self.settings.port}: {exc.strerror}"
+        s = self.settings
+        for port, what in ((s.port, ""), (s.grpc_port, " (gRPC)")):
+            if port and (problem := port_problem(s.host, port)):
+                return f"{problem}{what}"
         return None
 
     def _start_engine(self) -> int | None:

@@ -17,7 +17,15 @@ KUBERNETES = ROOT / "deploy" / "kubernetes"
 _BESIDE = Path(sys.executable).parent / "kubectl"
 KUBECTL = str(_BESIDE) if _BESIDE.is_file() else shutil.which("kubectl")
 # Every kustomization an operator applies (components are used by them, not applied alone).
-EXPECTED = {"base", "overlays/gpu", "overlays/autoscaling", "overlays/keda", "overlays/export-init", "kserve"}
+EXPECTED = {
+    "base",
+    "overlays/gpu",
+    "overlays/autoscaling",
+    "overlays/keda",
+    "overlays/export-init",
+    "kserve",
+    "kserve-v2",
+}
 
 
 def kustomizations() -> dict[str, Path]:

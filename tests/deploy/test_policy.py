@@ -95,6 +95,10 @@ def test_probes_use_paths_the_server_answers_on_its_own_port(
         env = environment(server, docs)
         port, probe_port = int(env["BERTSERVE_PORT"]), int(env.get("BERTSERVE_PROBE_PORT", "0"))
         ports = {p["containerPort"]: p.get("name") for p in server["ports"]}
+        if grpc_port := int(env.get("BERTSERVE_GRPC_PORT", "0")):
+            # KServe's v2 variant: Knative routes one port, gRPC's (h2c); the probes ask HTTP's inside the pod
+            assert ports == {grpc_port: "h2c"}, (name, owner)
+            ports = {port: None}
         assert list(ports) == [port, *([probe_port] if probe_port else [])], (name, owner)
         # the kubelet asks the probe port where there is one (a thread answers it, fast under any load)
         probed = probe_port or port

@@ -55,6 +55,8 @@ def test_cpu_streams_default_to_two_where_there_are_two_threads() -> None:
         ({"release_memory_idle_s": -1}, "greater than or equal to 0"),
         ({"cpu_streams": 3, "threads": 2}, "each stream needs a thread of its own"),
         ({"engine_silence_s": 0.5}, "greater than or equal to 1"),  # 0.2 s beats: a busy engine would flap
+        ({"port": 8000, "grpc_port": 8000}, "gRPC needs a port of its own"),
+        ({"probe_port": 9000, "grpc_port": 9000}, "gRPC needs a port of its own"),
     ],
 )
 def test_unsafe_values_are_refused(values: dict, message: str) -> None:

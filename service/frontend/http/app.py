@@ -15,6 +15,8 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
 from bertcore.version import __version__
+from service.frontend.grpc.server import GrpcServer
+from service.frontend.http import open_inference
 from service.frontend.http.auth import ApiKeys, AuthMiddleware, open_paths
 from service.frontend.http.docs import document_bearer_auth, install_docs
 from service.frontend.http.errors import install_error_handlers
@@ -63,7 +65,11 @@ class BertServeApp(FastAPI):
                 version=self.version,
                 openapi_version=self.openapi_version,
                 description=self.description,
-                routes=[*self.routes, *(route.documentation() for route in INFERENCE_ROUTES)],
+                routes=[
+                    *self.routes,
+                    *(route.documentation() for route in INFERENCE_ROUTES),
+                    open_inference.infer_documentation(),
+                ],
             )
         return self.openapi_schema
 
@@ -90,6 +96,10 @@ def create_app(
             probes.start()
             server.on_readiness_change = probes.publish
         await server.engine.start(on_change=server.registry.sync)
+        grpc_server = None
+        if settings.grpc_port:  # every front-end process serves it, on one port, as HTTP
+            grpc_server = GrpcServer(settings, server, keys, reuse_port=engine_socket is not None)
+            await grpc_server.start()
         garbage_collector.settle()
         background = [asyncio.create_task(server.self_test_models(), name="self-tests")]
         if heartbeat is not None:  # written from now on: from here on the launcher judges this process
@@ -100,6 +110,8 @@ def create_app(
             yield
         finally:
             server.draining = True
+            if grpc_server is not None:  # new calls refused (UNAVAILABLE) since the drain began; finish the rest
+                await grpc_server.stop(settings.drain_timeout_s)
             for task in background:
                 task.cancel()
             if probes is not None:
@@ -120,7 +132,9 @@ def create_app(
     app.state.server = server
     install_error_handlers(app)
     app.router.routes.extend(route.route() for route in INFERENCE_ROUTES)
+    app.router.routes.append(open_inference.infer_route())
     app.include_router(router)
+    app.include_router(open_inference.router)
     if settings.docs == "on":
         install_docs(app, app.title)
     app.add_middleware(AdmissionMiddleware, gate=server.admission)
@@ -129,6 +143,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if keys.enabled:
         paths, prefixes = open_paths(settings)
+        paths |= open_inference.PROBES  # the protocol's probes, open as /livez and /readyz are
         app.add_middleware(AuthMiddleware, keys=keys, open_paths=paths, open_prefixes=prefixes)
         document_bearer_auth(app, paths)
     if settings.cors_allow_origins:

@@ -37,6 +37,7 @@ class BodyTooLarge(Exception):
 
 
 INFERENCE_ENDPOINTS = ("classify", "ner", "qa")
+V2_INFER_ENDPOINT = "v2-infer"  # the request metrics' endpoint label of POST /v2/models/{name}/infer
 
 
 class StatusRecorder:
@@ -53,8 +54,11 @@ class StatusRecorder:
 
 
 def is_inference(path: str) -> bool:
+    """/v1/models/{name}/{classify|ner|qa}, and the Open Inference Protocol's /v2/models/{name}/infer."""
     parts = path.split("/")  # ['', 'v1', 'models', name, endpoint]
-    return len(parts) == 5 and parts[1:3] == ["v1", "models"] and parts[4] in INFERENCE_ENDPOINTS
+    if len(parts) != 5 or parts[2] != "models":
+        return False
+    return (parts[1] == "v1" and parts[4] in INFERENCE_ENDPOINTS) or (parts[1] == "v2" and parts[4] == "infer")
 
 
 class HeadAsGetMiddleware:
@@ -73,16 +77,19 @@ class HeadAsGetMiddleware:
 
 class JsonOnlyMiddleware:
     """415 for an inference request whose body says it is not JSON (a form, text): the usual mistake is curl -d
-    without a Content-Type header, and without this it is a puzzling 422. No Content-Type at all reads as JSON."""
+    without a Content-Type header, and without this it is a puzzling 422. No Content-Type at all reads as JSON; so
+    does a body with Triton's binary tensor data (its JSON part's length in Inference-Header-Content-Length)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST" and is_inference(scope.get("path", "")):
-            declared = dict(scope.get("headers") or []).get(b"content-type")
+            headers = dict(scope.get("headers") or [])
+            declared = headers.get(b"content-type")
             media = declared.split(b";")[0].strip().lower() if declared is not None else b"application/json"
-            if media != b"application/json" and not media.endswith(b"+json"):
+            json_and_binary = b"inference-header-content-length" in headers
+            if media != b"application/json" and not media.endswith(b"+json") and not json_and_binary:
                 shown = media.decode("latin-1")[:100]
                 message = f"the body must be JSON (Content-Type: application/json), not {shown or 'empty'}"
                 await send_error(send, UnsupportedMediaType(message))
@@ -200,7 +207,8 @@ class BodyLimitMiddleware:
 
 
 class MetricsMiddleware:
-    """Counts every /v1/models/{name}/{endpoint} request by model, endpoint and status, and times it."""
+    """Counts every /v1/models/{name}/{endpoint} and /v2/models/{name}/... request by model, endpoint and status,
+    and times it."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, known_models: Callable[[], set[str]]) -> None:
         self.app = app
@@ -208,7 +216,7 @@ class MetricsMiddleware:
         self.known_models = known_models
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or not scope.get("path", "").startswith("/v1/models/"):
+        if scope["type"] != "http" or not scope.get("path", "").startswith(("/v1/models/", "/v2/models/")):
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -220,6 +228,8 @@ class MetricsMiddleware:
             name = parts[3] if len(parts) > 3 else ""
             model = name if name in self.known_models() else "unknown"  # bounded label values
             endpoint = parts[4] if len(parts) > 4 and parts[4] in INFERENCE_ENDPOINTS else "info"
+            if parts[1] == "v2" and len(parts) > 4 and parts[4] == "infer":
+                endpoint = V2_INFER_ENDPOINT
             self.metrics.requests.labels(model, endpoint, str(sent.status)).inc()
             self.metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
 

@@ -22,6 +22,12 @@ def test_schema_documents_every_endpoint_and_the_error_body() -> None:
         "/livez",
         "/readyz",
         "/metrics",
+        "/v2",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2/models/{name}",
+        "/v2/models/{name}/ready",
+        "/v2/models/{name}/infer",
     } <= set(schema["paths"])
     responses = schema["paths"]["/v1/models/{name}/qa"]["post"]["responses"]
     assert {"200", "404", "422", "429", "504"} <= set(responses)

@@ -1,0 +1,282 @@
+"""The Open Inference Protocol v2 over gRPC: KServe's GRPCInferenceService (ServerLive, ServerReady, ModelReady,
+ServerMetadata, ModelMetadata, ModelInfer) on --grpc-port, served by grpcio's asyncio server in the front-end's own
+event loop, beside its HTTP server (every front-end process in process mode, on one port: SO_REUSEPORT).
+
+A thin adapter over the one RequestPipeline, as the REST routes are: what the tensors mean is
+`service.frontend.open_inference`; here, the messages in and out, and what the HTTP layers do for a REST request:
+- the API key: `authorization: Bearer KEY` metadata (ServerLive and ServerReady are open, as the probes are);
+- the size limit: --max-body-bytes is the largest message (grpc answers RESOURCE_EXHAUSTED past it);
+- admission: the same gate as REST (RESOURCE_EXHAUSTED where REST answers 429, with retry-after metadata);
+- the deadline: the call's own, where it is shorter than --request-timeout-s, bounds the request's Ticket; a call
+  that the client cancels (or whose deadline passes) cancels its rows;
+- the request id (`x-request-id` metadata, or a new one; sent back in the initial metadata), the access line and
+  the request metrics (endpoint `grpc-infer`, the status as its HTTP equivalent).
+Errors are the domain errors, as gRPC codes by `service.frontend.grpc.status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from service.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    ModelNotFound,
+    NotReady,
+    Overloaded,
+    ServiceError,
+    StartupError,
+    Unauthorized,
+)
+from service.frontend import open_inference as oip
+from service.frontend.grpc import inference_pb2 as pb
+from service.frontend.grpc.status import code_of
+from service.frontend.http.admission import estimate_tokens
+from service.frontend.http.auth import ApiKeys
+from service.frontend.http.state import ServerState
+from service.logs import REQUEST_ID, access_log, log_access, request_id_from
+from service.settings import Settings
+from service.wire.ticket import Ticket
+
+log = logging.getLogger("service.frontend.grpc")
+SERVICE = "inference.GRPCInferenceService"
+OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # the probes: open as /livez and /readyz are
+INFER_ENDPOINT = "grpc-infer"  # the request metrics' endpoint label
+CLIENT_CLOSED = 499  # the metrics' status of a call its client cancelled
+
+
+class InferenceService:
+    """The service's methods: each takes a request message and the call's context, and returns the response."""
+
+    def __init__(self, state: ServerState, keys: ApiKeys) -> None:
+        self.state = state
+        self.keys = keys
+
+    async def server_live(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> Any:
+        status, _ = self.state.liveness()
+        return pb.ServerLiveResponse(live=status == 200)
+
+    async def server_ready(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext) -> Any:
+        status, _ = self.state.readiness()
+        return pb.ServerReadyResponse(ready=status == 200)
+
+    async def model_ready(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:
+        model = self.state.registry.lookup(_unversioned(request.name, request.version))
+        return pb.ModelReadyResponse(ready=model.status == "ready" and not self.state.draining)
+
+    async def server_metadata(self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        return pb.ServerMetadataResponse(**oip.server_metadata())
+
+    async def model_metadata(self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        model = self.state.registry.lookup(_unversioned(request.name, request.version))
+        return pb.ModelMetadataResponse(**oip.model_metadata(model))
+
+    async def model_infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
+        state = self.state
+        if state.draining:
+            raise NotReady("the server is shutting down")
+        model = state.registry.lookup(_unversioned(request.model_name, request.model_version))
+        raw = request.raw_input_contents
+        if raw and len(raw) != len(request.inputs):
+            raise BadRequest(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: one each is needed")
+        inputs = [
+            oip.InputTensor(
+                tensor.name,
+                tensor.datatype,
+                list(tensor.shape),
+                values=None if raw else tensor.contents.bytes_contents,
+                raw=raw[i] if raw else None,
+            )
+            for i, tensor in enumerate(request.inputs)
+        ]
+        parameters = {name: _value(parameter) for name, parameter in request.parameters.items()}
+        requested = [output.name for output in request.outputs] or None
+        gate = state.admission
+        admission = gate.try_enter(estimate_tokens(request.ByteSize(), gate.mean_request_tokens))
+        if admission is None:
+            raise Overloaded(
+                f"the server is at capacity: {gate.in_flight} requests in flight, about {gate.expected_wait_s():.1f} s "
+                f"of work, would leave a new one no chance to be answered within --max-queue-s {gate.max_queue_s:g}; "
+                "retry shortly",
+                retry_after_s=gate.retry_after_s(),
+            )
+        completed = False
+        try:
+            ticket = _ticket(state.settings, context)
+            ticket.on_charge.append(admission.charge)
+            try:
+                result = await oip.infer(state.pipeline, model, inputs, parameters, requested, ticket)
+            except asyncio.CancelledError:  # the client cancelled, or the call's deadline passed
+                ticket.cancel()
+                raise
+            completed = True
+        finally:
+            admission.leave(completed=completed)
+        response = pb.ModelInferResponse(model_name=model.name, id=request.id)
+        for output in result.outputs:
+            tensor = response.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+            if raw:
+                response.raw_output_contents.append(output.raw())
+            elif output.datatype == "BYTES":
+                tensor.contents.bytes_contents.extend(text.encode("utf-8") for text in output.data)
+            else:
+                tensor.contents.fp32_contents.extend(output.data)
+        return response
+
+
+def _unversioned(name: str, version: str) -> str:
+    """The model's name; a version is refused (NOT_FOUND): the served models have none."""
+    if version:
+        raise ModelNotFound(f"model {name[:100]!r} has no version {version[:20]!r}: served models are unversioned")
+    return name
+
+
+def _value(parameter: pb.InferParameter) -> Any:
+    choice = parameter.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(parameter, choice)
+
+
+def _ticket(settings: Settings, context: grpc.aio.ServicerContext) -> Ticket:
+    """The request's Ticket: --request-timeout-s, or the call's own deadline where it comes sooner."""
+    timeout = settings.request_timeout_s
+    remaining = context.time_remaining()
+    if remaining is not None:
+        if remaining <= 0:
+            raise DeadlineExceeded("the call's deadline passed before it was served")
+        timeout = min(timeout, remaining)
+    ticket = Ticket.with_timeout(timeout, request_id=REQUEST_ID.get())
+    ticket.started = time.perf_counter()
+    return ticket
+
+
+Method = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+class Call:
+    """One method as grpc calls it: the key, the request id, the error codes, the access line and the metrics around
+    the service's own method."""
+
+    def __init__(self, name: str, method: Method, keys: ApiKeys, state: ServerState) -> None:
+        self.name = name
+        self.path = f"/{SERVICE}/{name}"
+        self.method = method
+        self.keys = keys
+        self.state = state
+        self.needs_key = keys.enabled and name not in OPEN_METHODS
+
+    async def __call__(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
+        metadata = {key: value for key, value in context.invocation_metadata() or ()}
+        raw_id = metadata.get("x-request-id")
+        request_id = request_id_from(raw_id.encode("latin-1", "replace") if isinstance(raw_id, str) else raw_id)
+        REQUEST_ID.set(request_id)  # the call has a task of its own
+        await context.send_initial_metadata((("x-request-id", request_id),))
+        status = 500
+        try:
+            if self.needs_key:
+                self._authorize(metadata.get("authorization"))
+            response = await self.method(request, context)
+            status = 200
+            return response
+        except ServiceError as exc:
+            status = exc.status_code
+            trailing = tuple((name.lower(), value) for name, value in exc.headers.items() if name == "Retry-After")
+            await context.abort(code_of(exc), exc.message, trailing_metadata=trailing)
+        except asyncio.CancelledError:
+            status = 504 if (context.time_remaining() or 1.0) <= 0 else CLIENT_CLOSED
+            raise
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            log.error("unexpected error in %s", self.path, exc_info=exc)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+        finally:
+            self._record(request, context, status, time.perf_counter() - started, request_id)
+
+    def _authorize(self, header: str | bytes | None) -> None:
+        if header is None:
+            raise Unauthorized("this server needs an API key: send the metadata authorization: Bearer KEY")
+        text = header.decode("latin-1") if isinstance(header, bytes) else header
+        scheme, _, token = text.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip() or not self.keys.verify(token.strip().encode("latin-1")):
+            raise Unauthorized("the API key is not valid")
+
+    def _record(self, request: Any, context: grpc.aio.ServicerContext, status: int, seconds: float, rid: str) -> None:
+        model = getattr(request, "model_name", None) if self.name == "ModelInfer" else None
+        if model is not None:
+            metrics = self.state.metrics
+            label = model if model in self.state.registry.models else "unknown"  # bounded label values
+            metrics.requests.labels(label, INFER_ENDPOINT, str(status)).inc()
+            metrics.request_duration.labels(label, INFER_ENDPOINT).observe(seconds)
+        if access_log.isEnabledFor(logging.INFO):
+            log_access(rid, "POST", self.path, status, seconds, _client(context.peer()), model=model or None)
+
+
+def _client(peer: str) -> tuple[str, int] | None:
+    """grpc's peer ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000") as (host, port)."""
+    _, _, address = peer.partition(":")
+    host, _, port = address.rpartition(":")
+    return (host.strip("[]"), int(port)) if port.isdigit() else None
+
+
+def handler(state: ServerState, keys: ApiKeys) -> grpc.GenericRpcHandler:
+    service = InferenceService(state, keys)
+    methods: dict[str, tuple[Method, Any, Any]] = {
+        "ServerLive": (service.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+        "ServerReady": (service.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+        "ModelReady": (service.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+        "ServerMetadata": (service.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+        "ModelMetadata": (service.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+        "ModelInfer": (service.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
+    }
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            name: grpc.unary_unary_rpc_method_handler(
+                Call(name, method, keys, state).__call__,  # a coroutine function, as grpc.aio looks for
+                request_deserializer=request_type.FromString,
+                response_serializer=response_type.SerializeToString,
+            )
+            for name, (method, request_type, response_type) in methods.items()
+        },
+    )
+
+
+class GrpcServer:
+    """grpcio's asyncio server on --grpc-port, in the running event loop; `reuse_port`: several processes share
+    the port (process mode's front-ends), else a port already taken fails the start."""
+
+    def __init__(self, settings: Settings, state: ServerState, keys: ApiKeys, reuse_port: bool) -> None:
+        self.settings = settings
+        self.state = state
+        self.keys = keys
+        self.reuse_port = reuse_port
+        self.server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        options = [
+            ("grpc.max_receive_message_length", s.max_body_bytes),
+            ("grpc.so_reuseport", 1 if self.reuse_port else 0),
+        ]
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((handler(self.state, self.keys),))
+        host = f"[{s.host}]" if ":" in s.host else s.host
+        try:
+            server.add_insecure_port(f"{host}:{s.grpc_port}")
+        except RuntimeError as exc:
+            raise StartupError(f"cannot listen on {s.host}:{s.grpc_port} (gRPC): {exc}") from None
+        await server.start()
+        self.server = server
+        log.info("gRPC (Open Inference Protocol v2) on %s:%d", s.host, s.grpc_port)
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new calls; finish those in flight, for up to `grace_s`."""
+        if self.server is not None:
+            await self.server.stop(grace_s)

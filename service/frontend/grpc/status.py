@@ -1,0 +1,29 @@
+"""The one map from the domain errors (`service.errors`, each with its HTTP status) to gRPC status codes.
+
+The domain errors carry the HTTP status the REST API answers; gRPC answers the code that means the same to a gRPC
+client: 429 and 413 are RESOURCE_EXHAUSTED (as grpc itself answers a message over the size limit), 504 is
+DEADLINE_EXCEEDED, 503 UNAVAILABLE (a client may retry), 400 and 422 INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+import grpc
+
+from service.errors import ServiceError
+
+CODE_OF_STATUS = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def code_of(error: ServiceError) -> grpc.StatusCode:
+    return CODE_OF_STATUS.get(error.status_code, grpc.StatusCode.UNKNOWN)

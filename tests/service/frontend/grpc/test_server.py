@@ -1,0 +1,257 @@
+"""The Open Inference Protocol v2 over gRPC against a real server: tritonclient.grpc for every task (answers as the
+native API's), and hostile calls with raw grpcio stubs, each answered with a clear status while the server keeps
+serving; process mode's front-ends all serve it on one port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.harness.serving import free_port
+from tests.service.conftest import run_service
+from tests.service.frontend.conftest import API_KEY
+
+TEXTS = ["a gorgeous movie", "dull and far too long"]
+AUTH = (("authorization", f"Bearer {API_KEY}"),)
+
+
+def texts(name: str, values: list[str]) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, [len(values)], "BYTES")
+    tensor.set_data_from_numpy(np.array(values, dtype=object))
+    return tensor
+
+
+def native(server, path: str, payload: dict, headers: dict | None = None) -> list:
+    response = httpx.post(f"{server.http.url}{path}", json=payload, headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["results"]
+
+
+def test_tritonclient_every_task(oip_server) -> None:
+    client = grpcclient.InferenceServerClient(url=oip_server.grpc_url)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("bert-qa")
+    assert client.get_server_metadata().name == "bertserve"
+    metadata = client.get_model_metadata("bert-classification")
+    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.outputs] == [
+        ("label", "BYTES", [-1, -1]),
+        ("score", "FP32", [-1, -1]),
+    ]
+
+    result = client.infer("bert-classification", [texts("text", TEXTS)], parameters={"top_k": 3}, request_id="grpc-1")
+    assert result.get_response().id == "grpc-1"
+    labels, scores = result.as_numpy("label"), result.as_numpy("score")
+    assert labels.shape == scores.shape == (2, 3)
+    expected = native(oip_server, "/v1/models/bert-classification/classify", {"inputs": TEXTS, "top_k": 3})
+    for row, want in enumerate(expected):
+        assert [label.decode() for label in labels[row]] == [item["label"] for item in want]
+        assert np.allclose(scores[row], [item["score"] for item in want], atol=1e-6)
+
+    ner_texts = ["Peter Blackburn met Maria Lopez in Brussels.", "nothing here"]
+    ner = client.infer("bert-ner", [texts("text", ner_texts)], outputs=[grpcclient.InferRequestedOutput("entities")])
+    got = [json.loads(value) for value in ner.as_numpy("entities")]
+    assert got == native(oip_server, "/v1/models/bert-ner/ner", {"inputs": ner_texts})
+
+    qa = client.infer(
+        "bert-qa",
+        [texts("question", ["Who met in Brussels?"]), texts("context", ["Peter Blackburn met Maria in Brussels."])],
+        parameters={"top_k": 2, "handle_impossible_answer": True},
+    )
+    payload = {
+        "inputs": [{"question": "Who met in Brussels?", "context": "Peter Blackburn met Maria in Brussels."}],
+        "top_k": 2,
+        "handle_impossible_answer": True,
+    }
+    assert [json.loads(value) for value in qa.as_numpy("answers")] == native(
+        oip_server, "/v1/models/bert-qa/qa", payload
+    )
+
+
+def test_typed_contents_are_answered_in_typed_contents(oip_server) -> None:
+    """A client that sends `contents` (not raw bytes) gets `contents` back."""
+    with grpc.insecure_channel(oip_server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="bert-classification")
+        tensor = request.inputs.add(name="text", datatype="BYTES", shape=[2])
+        tensor.contents.bytes_contents.extend(text.encode() for text in TEXTS)
+        response, call = stub.ModelInfer.with_call(request, metadata=(("x-request-id", "typed-1"),), timeout=30)
+    assert dict(call.initial_metadata())["x-request-id"] == "typed-1"
+    assert not response.raw_output_contents
+    label, score = response.outputs
+    assert list(label.shape) == [2, 1] and len(label.contents.bytes_contents) == 2
+    assert len(score.contents.fp32_contents) == 2 and 0 < score.contents.fp32_contents[0] <= 1
+    metrics = httpx.get(f"{oip_server.http.url}/metrics", timeout=10).text
+    assert 'bertserve_requests_total{endpoint="grpc-infer",model="bert-classification",status="200"}' in metrics
+    assert '"POST /inference.GRPCInferenceService/ModelInfer" 200' in oip_server.http.log()
+
+
+def raw_request(model: str, name: str, elements: list[bytes], shape: list[int] | None = None, datatype: str = "BYTES"):
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name=name, datatype=datatype, shape=shape if shape is not None else [len(elements)])
+    request.raw_input_contents.append(b"".join(struct.pack("<I", len(e)) + e for e in elements))
+    return request
+
+
+GOOD = raw_request("bert-classification", "text", [b"still serving"])
+
+
+def hostile_calls() -> list[tuple[str, pb.ModelInferRequest, grpc.StatusCode, str]]:
+    ok = "bert-classification"
+    million = pb.ModelInferRequest(model_name=ok)
+    million.inputs.add(name="text", datatype="BYTES", shape=[1_000_000])
+    million.raw_input_contents.append(b"\x00\x00\x00\x00" * 1_000_000)
+    typed_million = pb.ModelInferRequest(model_name=ok)
+    typed_million.inputs.add(name="text", datatype="BYTES", shape=[1_000_000]).contents.bytes_contents.extend(
+        [b""] * 1_000_000
+    )
+    overrun = raw_request(ok, "text", [b"abc"])
+    overrun.raw_input_contents[0] = struct.pack("<I", 1000) + b"abc"
+    fp32 = pb.ModelInferRequest(model_name=ok)
+    fp32.inputs.add(name="text", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    return [
+        ("oversize", raw_request(ok, "text", [b"x" * (9 * 1024 * 1024)]), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+        (
+            "shape and data disagree",
+            raw_request(ok, "text", [b"a", b"b"], shape=[3]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "fewer elements than its shape",
+        ),
+        (
+            "more data than shape",
+            raw_request(ok, "text", [b"a", b"b"], shape=[1]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "more than the 1 elements",
+        ),
+        ("length past the end", overrun, grpc.StatusCode.INVALID_ARGUMENT, "runs past the end"),
+        (
+            "negative shape",
+            raw_request(ok, "text", [b"a"], shape=[-1]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "expected [N] or [N, 1]",
+        ),
+        ("wrong datatype", fp32, grpc.StatusCode.INVALID_ARGUMENT, "it takes BYTES"),
+        (
+            "wrong datatype, raw",
+            raw_request(ok, "text", [b"a"], datatype="INT64"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "it takes BYTES",
+        ),
+        ("not UTF-8", raw_request(ok, "text", [b"caf\xe9"]), grpc.StatusCode.INVALID_ARGUMENT, "byte 3 is not UTF-8"),
+        ("a million empty strings", million, grpc.StatusCode.INVALID_ARGUMENT, "1000000 inputs in one request"),
+        ("a million empty strings, typed", typed_million, grpc.StatusCode.INVALID_ARGUMENT, "1000000 inputs"),
+        ("unknown model", raw_request("nope", "text", [b"a"]), grpc.StatusCode.NOT_FOUND, "no model named 'nope'"),
+        ("a version", pb.ModelInferRequest(model_name=ok, model_version="7"), grpc.StatusCode.NOT_FOUND, "unversioned"),
+        ("a failed model", raw_request("broken", "text", [b"a"]), grpc.StatusCode.UNAVAILABLE, "failed to load"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(hostile_calls())), ids=[c[0] for c in hostile_calls()])
+def test_hostile_calls_get_a_clear_status_and_the_server_keeps_serving(strict_oip_server, case: int) -> None:
+    _, request, code, words = hostile_calls()[case]
+    options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
+    with grpc.insecure_channel(strict_oip_server.grpc_url, options=options) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelInfer(request, metadata=AUTH, timeout=30)
+        assert error.value.code() == code, error.value.details()
+        assert words in (error.value.details() or "")
+        assert stub.ModelInfer(GOOD, metadata=AUTH, timeout=30).outputs[0].name == "label"
+    assert "Traceback" not in strict_oip_server.http.log()
+
+
+def test_keys_are_required_but_not_by_the_probes(strict_oip_server) -> None:
+    with grpc.insecure_channel(strict_oip_server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ServerLive(pb.ServerLiveRequest(), timeout=10).live
+        assert stub.ServerReady(pb.ServerReadyRequest(), timeout=10).ready
+        for metadata in ((), (("authorization", "Bearer not-the-key-at-all-000"),), (("authorization", "Basic x"),)):
+            for call, request in (
+                (stub.ModelInfer, GOOD),
+                (stub.ModelMetadata, pb.ModelMetadataRequest(name="bert-qa")),
+            ):
+                with pytest.raises(grpc.RpcError) as error:
+                    call(request, metadata=metadata, timeout=10)
+                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert stub.ModelMetadata(pb.ModelMetadataRequest(name="bert-qa"), metadata=AUTH, timeout=10).name == "bert-qa"
+    with strict_oip_server.http.client() as client:
+        assert client.get("/v2/health/ready").status_code == 200
+        assert client.get("/v2/models/bert-qa").status_code == 401
+        assert client.get("/v2/models/bert-qa", headers={"authorization": f"Bearer {API_KEY}"}).status_code == 200
+
+
+def test_a_passed_deadline_is_deadline_exceeded(oip_server) -> None:
+    long = raw_request("bert-qa", "question", [b"Where is it?"] * 64)
+    long.inputs.add(name="context", datatype="BYTES", shape=[64])
+    long.raw_input_contents.append(b"".join(struct.pack("<I", 2000) + b"word " * 400 for _ in range(64)))
+    with grpc.insecure_channel(oip_server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelInfer(long, timeout=0.05)
+        assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert stub.ModelInfer(GOOD, timeout=30).outputs[0].name == "label"
+    assert "Traceback" not in oip_server.http.log()
+
+
+def test_overload_is_resource_exhausted_with_a_retry_hint(strict_oip_server) -> None:
+    """Admission's bound (--max-queue-s 0.02) leaves no room for a second large request while one is in flight."""
+    heavy = raw_request("bert-classification", "text", [b"a long sentence about a movie " * 12] * 64)
+    with grpc.insecure_channel(strict_oip_server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        calls = [stub.ModelInfer.future(heavy, metadata=AUTH, timeout=60) for _ in range(16)]
+        codes, hints = [], []
+        for call in calls:
+            call.exception()  # waits for its end
+            codes.append(call.code())
+            hints += [value for key, value in call.trailing_metadata() or () if key == "retry-after"]
+        assert grpc.StatusCode.OK in codes and grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+        assert hints and all(int(hint) >= 1 for hint in hints)
+        assert stub.ModelInfer(GOOD, metadata=AUTH, timeout=30).outputs[0].name == "label"
+
+
+def test_tritonclient_raises_the_status(oip_server) -> None:
+    client = grpcclient.InferenceServerClient(url=oip_server.grpc_url)
+    with pytest.raises(InferenceServerException, match="no model named") as error:
+        client.infer("nope", [texts("text", ["x"])])
+    assert error.value.status() == "StatusCode.NOT_FOUND"
+
+
+def test_every_front_end_of_process_mode_serves_grpc(oip_repository, server_factory) -> None:
+    port = free_port()
+    server = server_factory(
+        oip_repository,
+        "--engine-mode",
+        "process",
+        "--frontends",
+        "2",
+        "--grpc-port",
+        str(port),
+        "--models",
+        "bert-classification",
+    )
+    answered = 0
+    for _ in range(12):  # new connections: the kernel spreads them over the front-ends' sockets (SO_REUSEPORT)
+        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{port}")
+        answered += client.infer("bert-classification", [texts("text", ["fine"])]).as_numpy("label").shape == (1, 1)
+        client.close()
+    assert answered == 12
+    assert server.log().count("gRPC (Open Inference Protocol v2) on") == 2
+
+
+def test_a_grpc_port_in_use_is_refused_at_start_with_the_reason(oip_repository) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_service("--repository", str(oip_repository), "--port", str(free_port()), "--grpc-port", str(port))
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "(gRPC)" in done.stderr

@@ -1,0 +1,189 @@
+"""The Open Inference Protocol v2 over REST, with the real client (tritonclient.http) against a real server: every
+task, its answers the native API's, JSON and Triton's binary tensor data, and bad input with the protocol's error."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+TEXTS = ["a gorgeous movie", "dull and far too long"]
+NER_TEXTS = ["Peter Blackburn met Maria Lopez in Brussels.", "nothing here"]
+QA = [("Who met in Brussels?", "Peter Blackburn met Maria in Brussels."), ("Where?", "It was in Paris.")]
+
+
+def texts(name: str, values: list[str], binary: bool) -> httpclient.InferInput:
+    tensor = httpclient.InferInput(name, [len(values)], "BYTES")
+    tensor.set_data_from_numpy(np.array(values, dtype=object), binary_data=binary)
+    return tensor
+
+
+def outputs(*names: str, binary: bool) -> list[httpclient.InferRequestedOutput]:
+    return [httpclient.InferRequestedOutput(name, binary_data=binary) for name in names]
+
+
+def native(server, path: str, payload: dict) -> list:
+    response = httpx.post(f"{server.http.url}{path}", json=payload, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["results"]
+
+
+def test_server_and_model_metadata_and_health(oip_server) -> None:
+    client = httpclient.InferenceServerClient(url=oip_server.http_url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("bert-classification")
+    assert not client.is_model_ready("broken")
+    metadata = client.get_server_metadata()
+    assert metadata["name"] == "bertserve" and "binary_tensor_data" in metadata["extensions"]
+    model = client.get_model_metadata("bert-classification")
+    assert [(t["name"], t["datatype"]) for t in model["inputs"]] == [("text", "BYTES"), ("text_pair", "BYTES")]
+    assert [(t["name"], t["datatype"], t["shape"]) for t in model["outputs"]] == [
+        ("label", "BYTES", [-1, -1]),
+        ("score", "FP32", [-1, -1]),
+    ]
+    assert [t["name"] for t in client.get_model_metadata("bert-qa")["inputs"]] == ["question", "context"]
+    assert [t["name"] for t in client.get_model_metadata("bert-ner")["outputs"]] == ["entities"]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_classification_answers_as_the_native_api(oip_server, binary: bool) -> None:
+    client = httpclient.InferenceServerClient(url=oip_server.http_url)
+    pairs = ["who won?", "Japan won."]
+    result = client.infer(
+        "bert-classification",
+        [texts("text", TEXTS, binary), texts("text_pair", pairs, binary)],
+        outputs=outputs("label", "score", binary=binary),
+        parameters={"top_k": 2},
+    )
+    labels, scores = result.as_numpy("label"), result.as_numpy("score")
+    assert labels.shape == scores.shape == (2, 2) and scores.dtype == np.float32
+    expected = native(
+        oip_server,
+        "/v1/models/bert-classification/classify",
+        {"inputs": [{"text": t, "text_pair": p} for t, p in zip(TEXTS, pairs, strict=True)], "top_k": 2},
+    )
+    for row, want in enumerate(expected):
+        got_labels = [label.decode() if isinstance(label, bytes) else label for label in labels[row]]
+        assert got_labels == [item["label"] for item in want]
+        assert np.allclose(scores[row], [item["score"] for item in want], atol=1e-6)
+
+
+def test_classification_default_outputs_are_the_best_label(oip_server) -> None:
+    """No outputs named: tritonclient asks for every output in binary; top_k defaults to 1."""
+    client = httpclient.InferenceServerClient(url=oip_server.http_url)
+    result = client.infer("bert-classification", [texts("text", TEXTS, binary=True)])
+    assert result.as_numpy("label").shape == (2, 1) and result.as_numpy("score").shape == (2, 1)
+
+
+def test_ner_and_qa_answer_json_per_input_as_the_native_api(oip_server) -> None:
+    client = httpclient.InferenceServerClient(url=oip_server.http_url)
+    ner = client.infer(
+        "bert-ner",
+        [texts("text", NER_TEXTS, binary=False)],
+        outputs=outputs("entities", binary=False),
+        parameters={"aggregation_strategy": "none"},
+    )
+    entities = [json.loads(value) for value in ner.as_numpy("entities")]
+    assert entities == native(
+        oip_server, "/v1/models/bert-ner/ner", {"inputs": NER_TEXTS, "aggregation_strategy": "none"}
+    )
+    questions, contexts = [q for q, _ in QA], [c for _, c in QA]
+    qa = client.infer(
+        "bert-qa",
+        [texts("question", questions, binary=True), texts("context", contexts, binary=True)],
+        outputs=outputs("answers", binary=True),
+        parameters={"top_k": 2, "max_answer_len": 8},
+    )
+    answers = [json.loads(value) for value in qa.as_numpy("answers")]
+    payload = {"inputs": [{"question": q, "context": c} for q, c in QA], "top_k": 2, "max_answer_len": 8}
+    assert answers == native(oip_server, "/v1/models/bert-qa/qa", payload)
+    assert all(len(per_input) == 2 for per_input in answers)
+
+
+def test_the_native_layers_apply(oip_server) -> None:
+    """Request id, timing headers, metrics, as a native inference request gets them."""
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["fine"]}]}
+    with oip_server.http.client() as client:
+        response = client.post("/v2/models/bert-classification/infer", json=body, headers={"x-request-id": "oip-1"})
+        assert response.status_code == 200, response.text
+        assert response.headers["x-request-id"] == "oip-1" and float(response.headers["x-total-time-ms"]) > 0
+        assert response.json()["outputs"][0] == {
+            "name": "label",
+            "datatype": "BYTES",
+            "shape": [1, 1],
+            "data": [response.json()["outputs"][0]["data"][0]],
+        }
+        metrics = client.get("/metrics").text
+    assert 'bertserve_requests_total{endpoint="v2-infer",model="bert-classification",status="200"}' in metrics
+
+
+BAD = [
+    # (model, body, status, words in the error)
+    ("nope", {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}, 404, "no model"),
+    (
+        "bert-classification",
+        {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["x"]}]},
+        400,
+        "shape [2] says 2 elements",
+    ),
+    (
+        "bert-classification",
+        {"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}]},
+        400,
+        "it takes BYTES",
+    ),
+    (
+        "bert-classification",
+        {"inputs": [{"name": "txt", "shape": [1], "datatype": "BYTES", "data": ["x"]}]},
+        400,
+        "the model takes text, text_pair",
+    ),
+    (
+        "bert-classification",
+        {
+            "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}],
+            "parameters": {"temperature": 2},
+        },
+        400,
+        "'temperature' is not one",
+    ),
+    (
+        "bert-classification",
+        {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [3]}]},
+        400,
+        "BYTES elements are text",
+    ),
+    (
+        "bert-classification",
+        {"inputs": [{"name": "text", "shape": [100], "datatype": "BYTES", "data": [""] * 100}]},
+        422,
+        "the limit is 64",
+    ),
+    (
+        "bert-qa",
+        {"inputs": [{"name": "question", "shape": [1], "datatype": "BYTES", "data": ["q"]}]},
+        400,
+        "input context is missing",
+    ),
+    ("bert-classification", {"inputs": []}, 400, "inputs"),
+    ("broken", {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}, 503, "failed to load"),
+]
+
+
+@pytest.mark.parametrize(("model", "body", "status", "words"), BAD)
+def test_bad_input_gets_the_protocol_error(oip_server, model: str, body: dict, status: int, words: str) -> None:
+    with oip_server.http.client() as client:
+        response = client.post(f"/v2/models/{model}/infer", json=body)
+        assert response.status_code == status, response.text
+        assert words in response.json()["error"]
+        assert client.get("/v2/health/ready").status_code == 200  # and it keeps serving
+
+
+def test_tritonclient_reports_the_error(oip_server) -> None:
+    client = httpclient.InferenceServerClient(url=oip_server.http_url)
+    with pytest.raises(InferenceServerException, match="not one this model takes"):
+        client.infer("bert-ner", [texts("text", ["x"], binary=True)], parameters={"top_k": 1})
