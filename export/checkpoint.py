@@ -48,6 +48,12 @@ class Checkpoint:
     def input_names(self) -> tuple[str, ...]:
         return self.architecture.input_names
 
+    @property
+    def rerank(self) -> bool:
+        """A classification head with one label (problem_type regression or one label): a cross-encoder, whose
+        score of a (query, document) pair ranks documents."""
+        return self.task == "classification" and self.labels is not None and len(self.labels) == 1
+
 
 def load_checkpoint(source: str, task: str = "auto", max_length: int | None = None) -> Checkpoint:
     """Load and check everything the export needs, before anything is written anywhere."""
@@ -196,13 +202,17 @@ def _labels(config: Any, task: Task) -> list[str] | None:
 
 
 def _problem_type(config: Any, task: Task) -> str | None:
+    """single- or multi-label classification; regression only with one label (a cross-encoder's relevance score)."""
     if task != "classification":
         return None
     problem_type = config.problem_type or "single_label_classification"
+    if problem_type == "regression" and config.num_labels == 1:
+        return problem_type
     if problem_type not in ("single_label_classification", "multi_label_classification"):
         raise ExportError(
-            f"problem_type {problem_type!r} is not served; "
-            "single_label_classification and multi_label_classification are"
+            f"problem_type {problem_type!r} is not served with {config.num_labels} labels; "
+            "single_label_classification and multi_label_classification are, and regression with one label "
+            "(a cross-encoder)"
         )
     return problem_type
 

@@ -28,6 +28,9 @@ TASK_HEADS = {
 }
 CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert", "distilbert": "DistilBert"}
 MAX_POSITIONS = 64
+# A cross-encoder: a sequence classifier with one label trained as regression (as the MS MARCO cross-encoders are),
+# whose logit of a (query, document) pair is its relevance. tiny_checkpoint(arch, "classification", **CROSS_ENCODER)
+CROSS_ENCODER: dict[str, Any] = {"labels": ["LABEL_0"], "problem_type": "regression"}
 NER_TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 CORPUS = [
     *SENTENCES,

@@ -15,6 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
 from bertcore.version import __version__
+from service.frontend.http import hf_tasks, rerank
 from service.frontend.http.auth import ApiKeys, AuthMiddleware, open_paths
 from service.frontend.http.docs import document_bearer_auth, install_docs
 from service.frontend.http.errors import install_error_handlers
@@ -44,6 +45,8 @@ TIMING_HEADERS = (
     "x-inference-calls",
     "x-rows",
 )
+# Every inference endpoint: the native routes, then the other protocols' adapters (each mounted and documented alike).
+ALL_INFERENCE_ROUTES = (*INFERENCE_ROUTES, *hf_tasks.ROUTES, *rerank.ROUTES)
 
 
 class BertServeApp(FastAPI):
@@ -63,7 +66,7 @@ class BertServeApp(FastAPI):
                 version=self.version,
                 openapi_version=self.openapi_version,
                 description=self.description,
-                routes=[*self.routes, *(route.documentation() for route in INFERENCE_ROUTES)],
+                routes=[*self.routes, *(route.documentation() for route in ALL_INFERENCE_ROUTES)],
             )
         return self.openapi_schema
 
@@ -119,7 +122,7 @@ def create_app(
     )
     app.state.server = server
     install_error_handlers(app)
-    app.router.routes.extend(route.route() for route in INFERENCE_ROUTES)
+    app.router.routes.extend(route.route() for route in ALL_INFERENCE_ROUTES)
     app.include_router(router)
     if settings.docs == "on":
         install_docs(app, app.title)

@@ -37,6 +37,9 @@ class BodyTooLarge(Exception):
 
 
 INFERENCE_ENDPOINTS = ("classify", "ner", "qa")
+# Inference paths that name no model: the route puts the body's model in the scope (SCOPE_MODEL) for the metrics.
+RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank"})
+SCOPE_MODEL = "bertserve.model"
 
 
 class StatusRecorder:
@@ -53,8 +56,25 @@ class StatusRecorder:
 
 
 def is_inference(path: str) -> bool:
-    parts = path.split("/")  # ['', 'v1', 'models', name, endpoint]
-    return len(parts) == 5 and parts[1:3] == ["v1", "models"] and parts[4] in INFERENCE_ENDPOINTS
+    """A path whose POST is inference: the native endpoints, the Hugging Face task API (the model's own path) and
+    rerank. (Only POSTs are inference: a GET of the model's path is its information.)"""
+    if path in RERANK_PATHS:
+        return True
+    parts = path.split("/")  # ['', 'v1', 'models', name, endpoint?]
+    if len(parts) < 4 or parts[1:3] != ["v1", "models"] or not parts[3]:
+        return False
+    return len(parts) == 4 or (len(parts) == 5 and parts[4] in INFERENCE_ENDPOINTS)
+
+
+def endpoint_label(scope: Scope) -> str:
+    """The metrics' endpoint label: classify, ner, qa, task (the Hugging Face task API), rerank, or info."""
+    path = scope.get("path", "")
+    if path in RERANK_PATHS:
+        return "rerank"
+    parts = path.split("/")
+    if len(parts) == 5 and parts[4] in INFERENCE_ENDPOINTS:
+        return parts[4]
+    return "task" if len(parts) == 4 and scope.get("method") == "POST" and is_inference(path) else "info"
 
 
 class HeadAsGetMiddleware:
@@ -205,7 +225,7 @@ class BodyLimitMiddleware:
 
 
 class MetricsMiddleware:
-    """Counts every /v1/models/{name}/{endpoint} request by model, endpoint and status, and times it."""
+    """Counts every /v1/models/{name}[/{endpoint}] and rerank request by model, endpoint and status, and times it."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, known_models: Callable[[], set[str]]) -> None:
         self.app = app
@@ -213,7 +233,8 @@ class MetricsMiddleware:
         self.known_models = known_models
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or not scope.get("path", "").startswith("/v1/models/"):
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not path.startswith("/v1/models/") and path not in RERANK_PATHS:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -221,10 +242,10 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, sent)
         finally:
-            parts = scope["path"].split("/")  # ['', 'v1', 'models', name, endpoint?]
-            name = parts[3] if len(parts) > 3 else ""
+            parts = path.split("/")  # ['', 'v1', 'models', name, endpoint?]
+            name = scope.get(SCOPE_MODEL) if path in RERANK_PATHS else parts[3] if len(parts) > 3 else ""
             model = name if name in self.known_models() else "unknown"  # bounded label values
-            endpoint = parts[4] if len(parts) > 4 and parts[4] in INFERENCE_ENDPOINTS else "info"
+            endpoint = endpoint_label(scope)
             self.metrics.requests.labels(model, endpoint, str(sent.status)).inc()
             self.metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
 

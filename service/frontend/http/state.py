@@ -118,6 +118,7 @@ class ServerState:
             "provider": engine.get("provider"),
             "note": engine.get("note"),
             "demo": bool(config and config.demo),
+            "rerank": bool(config and config.rerank),
             "max_length": config.max_length if config else None,
             "limits": {
                 "max_inputs_per_request": s.max_inputs_per_request,
