@@ -205,9 +205,11 @@ def _problem_type(config: Any, task: Task) -> str | None:
     """single- or multi-label classification; regression only with one label (a cross-encoder's relevance score)."""
     if task != "classification":
         return None
+    if config.num_labels == 1 and config.problem_type in (None, "regression"):
+        return (
+            config.problem_type
+        )  # a cross-encoder's one score: as the checkpoint says (None: sigmoid, as its pipeline)
     problem_type = config.problem_type or "single_label_classification"
-    if problem_type == "regression" and config.num_labels == 1:
-        return problem_type
     if problem_type not in ("single_label_classification", "multi_label_classification"):
         raise ExportError(
             f"problem_type {problem_type!r} is not served with {config.num_labels} labels; "
