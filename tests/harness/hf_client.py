@@ -21,9 +21,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def call_hf_client(url: str, calls: list[tuple[str, list, dict]], use_async: bool = False, token: str | None = None):
-    """Run `calls` (method name, positional args, keyword args) on a client of `url`; their outcomes, in order."""
-    env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
+def call_hf_client(
+    url: str, calls: list[tuple[str, list, dict]], use_async: bool = False, token: str | None = None
+) -> list[dict[str, Any]]:
+    """Run `calls` (method name, positional args, keyword args) on a client of `url`; their outcomes, in order.
+    `token`: the bearer key the client sends (None: none; a token of the environment is not passed on)."""
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_HUB_OFFLINE", "HF_TOKEN")}
     request = json.dumps({"url": url, "calls": calls, "async": use_async, "token": token})
     done = subprocess.run(
         [sys.executable, "-m", "tests.harness.hf_client", request],

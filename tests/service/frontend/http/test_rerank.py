@@ -8,6 +8,7 @@ import math
 import cohere
 import pytest
 
+from tests.harness.hf_client import call_hf_client
 from tests.service.conftest import RERANK_MODEL, Server
 from tests.service.frontend.http.test_api import counted
 
@@ -134,3 +135,32 @@ def test_the_cohere_client_sees_the_error(tiny_server: Server) -> None:
     with pytest.raises(cohere.core.ApiError) as raised:
         client.rerank(model="bert-classification", query=QUERY, documents=DOCUMENTS)
     assert raised.value.status_code == 400 and "cross-encoder" in str(raised.value.body)
+
+
+KEY = "client-key-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_repository, server_factory) -> Server:
+    return server_factory(
+        tiny_repository, "--models", f"bert-classification,{RERANK_MODEL}", env={"BERTSERVE_API_KEYS": KEY}
+    )
+
+
+def test_the_clients_send_the_servers_api_key(keyed_server: Server) -> None:
+    """The clients' own key settings (cohere's api_key, huggingface_hub's token) are the server's bearer keys."""
+    reranked = cohere.ClientV2(api_key=KEY, base_url=keyed_server.url, timeout=30).rerank(
+        model=RERANK_MODEL, query=QUERY, documents=DOCUMENTS
+    )
+    assert len(reranked.results) == len(DOCUMENTS)
+    with pytest.raises(cohere.core.ApiError) as refused:
+        cohere.Client(api_key="not-the-key", base_url=keyed_server.url, timeout=30).rerank(
+            model=RERANK_MODEL, query=QUERY, documents=DOCUMENTS
+        )
+    assert refused.value.status_code == 401
+    url = f"{keyed_server.url}/v1/models/bert-classification"
+    with_key, without = [
+        call_hf_client(url, [("text_classification", ["a gorgeous movie"], {})], token=token)[0]
+        for token in (KEY, None)
+    ]
+    assert [entry["label"] for entry in with_key["result"]] and without["status"] == 401
