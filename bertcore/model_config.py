@@ -41,6 +41,9 @@ class ModelConfig:
     demo: bool
     vocab_size: int | None  # the model's word-embedding rows (entries exported before it was recorded: None)
     raw: Mapping[str, Any]  # the whole document, for what only reports read
+    # A one-label classification entry (a cross-encoder): its score of a (query, document) pair ranks documents.
+    # Entries exported before it was recorded: False.
+    rerank: bool = False
 
     @property
     def per_token(self) -> bool:
@@ -78,6 +81,7 @@ class ModelConfig:
             demo=bool(data.get("demo", False)),
             vocab_size=_vocab_size(data),
             raw=data,
+            rerank=_rerank(data),
         )
 
     @classmethod
@@ -108,3 +112,13 @@ def _vocab_size(data: Mapping[str, Any]) -> int | None:
     if size < 1:
         raise ValueError(f"{MODEL_CONFIG} encoder.vocab_size {size} is not a vocabulary size")
     return size
+
+
+def _rerank(data: Mapping[str, Any]) -> bool:
+    """model.json's "rerank": only a classification entry with one label can rank documents by its score."""
+    rerank = data.get("rerank", False)
+    if not isinstance(rerank, bool):
+        raise ValueError(f"{MODEL_CONFIG} field 'rerank' is not true or false")
+    if rerank and (data.get("task") != "classification" or len(data.get("labels") or ()) != 1):
+        raise ValueError(f"{MODEL_CONFIG} marks a rerank entry that is not a classification entry with one label")
+    return rerank

@@ -53,6 +53,12 @@ class Checkpoint:
     def padding_side(self) -> str:
         return self.architecture.padding_side
 
+    @property
+    def rerank(self) -> bool:
+        """A classification head with one label (problem_type regression or one label): a cross-encoder, whose
+        score of a (query, document) pair ranks documents."""
+        return self.task == "classification" and self.labels is not None and len(self.labels) == 1
+
 
 def load_checkpoint(source: str, task: str = "auto", max_length: int | None = None) -> Checkpoint:
     """Load and check everything the export needs, before anything is written anywhere."""
@@ -210,13 +216,19 @@ def _labels(config: Any, task: Task) -> list[str] | None:
 
 
 def _problem_type(config: Any, task: Task) -> str | None:
+    """single- or multi-label classification; regression only with one label (a cross-encoder's relevance score)."""
     if task != "classification":
         return None
+    if config.num_labels == 1 and config.problem_type in (None, "regression"):
+        return (
+            config.problem_type
+        )  # a cross-encoder's one score: as the checkpoint says (None: sigmoid, as its pipeline)
     problem_type = config.problem_type or "single_label_classification"
     if problem_type not in ("single_label_classification", "multi_label_classification"):
         raise ExportError(
-            f"problem_type {problem_type!r} is not served; "
-            "single_label_classification and multi_label_classification are"
+            f"problem_type {problem_type!r} is not served with {config.num_labels} labels; "
+            "single_label_classification and multi_label_classification are, and regression with one label "
+            "(a cross-encoder)"
         )
     return problem_type
 

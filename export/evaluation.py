@@ -72,6 +72,8 @@ def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) 
         raise ExportError(f"--eval {path}: no such file")
     if checkpoint.task == "classification" and checkpoint.problem_type == "multi_label_classification":
         raise ExportError("--eval supports single-label classification only (this model is multi-label)")
+    if checkpoint.rerank:
+        raise ExportError("--eval takes labelled classes; this model has one label (a cross-encoder's score)")
     try:
         readers: dict[str, Callable[[Path, Checkpoint], list[Any]]] = {
             "classification": _read_tsv,

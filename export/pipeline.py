@@ -305,6 +305,7 @@ def _entry_config(
         "demo": demo,
         "problem_type": checkpoint.problem_type,
         "labels": checkpoint.labels,
+        "rerank": checkpoint.rerank,
         "inputs": list(checkpoint.input_names),
         "outputs": list(OUTPUT_NAMES[checkpoint.task]),
         "max_length": checkpoint.max_length,

@@ -187,7 +187,7 @@ def agreement(
     """How often the variant gives the same answer: labels per row, tags per token, or (start, end) per row."""
     if task == "classification":
         expected, got = reference["logits"], produced["logits"]
-        if problem_type == "multi_label_classification":
+        if problem_type == "multi_label_classification" or expected.shape[-1] == 1:  # one label: its sign
             same = np.all((expected > 0) == (got > 0), axis=-1)
         else:
             same = expected.argmax(-1) == got.argmax(-1)

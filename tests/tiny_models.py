@@ -46,6 +46,9 @@ CLASS_PREFIX = {
 MAX_POSITIONS = 64
 # Head weights spread so labels are well defined; XLNet's classification head is `logits_proj`.
 HEAD_PARTS = ("classifier", "qa_outputs", "pre_classifier", "logits_proj")
+# A cross-encoder: a sequence classifier with one label trained as regression (as the MS MARCO cross-encoders are),
+# whose logit of a (query, document) pair is its relevance. tiny_checkpoint(arch, "classification", **CROSS_ENCODER)
+CROSS_ENCODER: dict[str, Any] = {"labels": ["LABEL_0"], "problem_type": "regression"}
 NER_TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 CORPUS = [
     *SENTENCES,

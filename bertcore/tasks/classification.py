@@ -1,7 +1,8 @@
-"""Sequence classification: a text or a text pair per input; softmax or sigmoid by the model's problem_type.
+"""Sequence classification: a text or a text pair per input; softmax, sigmoid or raw scores.
 
-Post-processing follows transformers' text-classification pipeline: sigmoid for multi-label models (and for a
-single-label head), softmax otherwise; `top_k` best labels, sorted by score (None: all labels).
+Post-processing follows transformers' text-classification pipeline: by default no function for a regression head,
+sigmoid for multi-label models and for a one-label head, softmax otherwise; `function_to_apply` ("softmax",
+"sigmoid", "none") overrides it; `top_k` best labels, sorted by score (None: all labels).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from bertcore.tasks.errors import TaskInputError
 from bertcore.tokenization import TextTokenizer
 
 TextInput = str | tuple[str, str]
+FUNCTIONS = ("softmax", "sigmoid", "none")
 
 
 def prepare(tokenizer: TextTokenizer, inputs: list[TextInput], max_length: int, truncate: bool) -> list[Row]:
@@ -30,16 +32,51 @@ def prepare(tokenizer: TextTokenizer, inputs: list[TextInput], max_length: int, 
     return rows
 
 
-def scores(logits: np.ndarray, problem_type: str | None) -> np.ndarray:
+def first_tokens(tokenizer: TextTokenizer, text: str, count: int) -> str:
+    """`text` up to the end of its `count`-th token (the whole text where it has no more)."""
+    encoding = tokenizer.encode(text, add_special_tokens=False)[0]
+    if len(encoding.ids) <= count:
+        return text
+    return text[: encoding.offsets[count - 1][1]]
+
+
+def default_function(problem_type: str | None, num_labels: int) -> str:
+    """The function the pipeline applies when none is asked for."""
+    if problem_type == "regression":
+        return "none"
+    if problem_type == "multi_label_classification" or num_labels == 1:
+        return "sigmoid"
+    return "softmax"
+
+
+def check_function(function: str | None) -> None:
+    if function is not None and function not in FUNCTIONS:
+        raise TaskInputError(
+            f"unknown function_to_apply {function!r}; expected one of: {', '.join(FUNCTIONS)}",
+            field="function_to_apply",
+        )
+
+
+def scores(logits: np.ndarray, problem_type: str | None, function: str | None = None) -> np.ndarray:
+    check_function(function)
     logits = logits.astype(np.float64)
-    if problem_type == "multi_label_classification" or logits.shape[-1] == 1:
+    function = function or default_function(problem_type, logits.shape[-1])
+    if function == "none":
+        return logits
+    if function == "sigmoid":
         return 1.0 / (1.0 + np.exp(-logits))
     shifted = np.exp(logits - logits.max(-1, keepdims=True))
     return shifted / shifted.sum(-1, keepdims=True)
 
 
-def postprocess(logits: np.ndarray, labels: list[str], problem_type: str | None, top_k: int | None) -> list[dict]:
-    probabilities = scores(logits, problem_type)
+def postprocess(
+    logits: np.ndarray,
+    labels: list[str],
+    problem_type: str | None,
+    top_k: int | None,
+    function: str | None = None,
+) -> list[dict]:
+    probabilities = scores(logits, problem_type, function)
     order = np.argsort(-probabilities, kind="stable")
     if top_k is not None:
         order = order[:top_k]

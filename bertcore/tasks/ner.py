@@ -143,8 +143,8 @@ def check_strategy(strategy: str) -> None:
         )
 
 
-def prepare(tokenizer: TextTokenizer, source: str | Words, max_length: int, stride: int) -> NerFeatures:
-    """Tokenize a text (or words, joined) into windows of at most `max_length` tokens overlapping by `stride`."""
+def check_stride(tokenizer: TextTokenizer, max_length: int, stride: int) -> None:
+    """Windows of `max_length` tokens can overlap by `stride` tokens and still advance."""
     if window_capacity(tokenizer, max_length) < 1:
         raise TaskInputError(f"max_length {max_length} leaves no room for text between the special tokens")
     if not 0 <= stride <= max_stride(tokenizer, max_length):
@@ -153,6 +153,11 @@ def prepare(tokenizer: TextTokenizer, source: str | Words, max_length: int, stri
             f"got {stride}",
             field="stride",
         )
+
+
+def prepare(tokenizer: TextTokenizer, source: str | Words, max_length: int, stride: int) -> NerFeatures:
+    """Tokenize a text (or words, joined) into windows of at most `max_length` tokens overlapping by `stride`."""
+    check_stride(tokenizer, max_length, stride)
     words = source if isinstance(source, Words) else None
     text = source.text if isinstance(source, Words) else source
     encodings = tokenizer.encode(text, max_length=max_length, stride=stride)

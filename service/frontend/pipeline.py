@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from bertcore.rows import Row
 from bertcore.tasks import classification, ner, qa
+from bertcore.tasks.errors import TaskInputError
 from service.errors import InvalidInput, WrongTask, unpaired_surrogate
 from service.frontend.engine_client import Engine
 from service.frontend.registry import SELF_TEST, ModelRegistry, ServedModel
@@ -33,6 +34,7 @@ class Timings:
     inference_s: float = 0.0
     inference_calls: int = 0
     rows: int = 0
+    tokens: int = 0
 
 
 class RequestPipeline:
@@ -80,29 +82,87 @@ class RequestPipeline:
             )
 
     async def classify(
-        self, name: str, inputs: list[classification.TextInput], top_k: int | None, ticket: Ticket
+        self,
+        name: str,
+        inputs: list[classification.TextInput],
+        top_k: int | None,
+        ticket: Ticket,
+        function_to_apply: str | None = None,
     ) -> tuple[list[list[dict]], Timings]:
+        """Labels and scores of each text or text pair; `function_to_apply` (softmax, sigmoid, none; None: the
+        model's own, as transformers' pipeline chooses it) turns logits into scores."""
         model = await self.model_for(name, "classification", ticket)
+        self._check_task_options(lambda: classification.check_function(function_to_apply))
         self.check_count(len(inputs))
+        outputs, timings = await self._classify_rows(model, inputs, _classify_texts(inputs), ticket)
+        labels, problem_type = model.labels, model.config.problem_type if model.config else None
+        results = [
+            classification.postprocess(out["logits"], labels, problem_type, top_k, function_to_apply) for out in outputs
+        ]
+        return results, timings
+
+    async def rerank(
+        self, name: str, query: str, documents: list[str], ticket: Ticket, max_tokens_per_doc: int | None = None
+    ) -> tuple[list[float], Timings]:
+        """The relevance of each document to the query, by a cross-encoder (a classification entry with one label
+        that the export marked rerank): the sigmoid of its logit of the (query, document) pair, in [0, 1] and in
+        the logit's order. The pairs are this request's rows in the batcher, as a classify request's inputs; a
+        pair longer than the model's window is cut as classify cuts one (--token-overflow), and with
+        `max_tokens_per_doc` each document is first cut to its first that many tokens."""
+        try:
+            model = await self.model_for(name, "classification", ticket)
+        except WrongTask:
+            raise _not_a_cross_encoder(self.registry.lookup(name)) from None
+        if model.config is None or not model.config.rerank:
+            raise _not_a_cross_encoder(model)
+        self.check_count(len(documents))
+        texts = [("query", query), *((f"documents.{i}", document) for i, document in enumerate(documents))]
+        if max_tokens_per_doc is not None:
+            self.check_texts(texts)  # before the documents are tokenized to be cut
+            tokenizer = model.loaded_tokenizer
+            documents = await self._checked(
+                lambda: [classification.first_tokens(tokenizer, text, max_tokens_per_doc) for text in documents]
+            )
+        pairs: list[classification.TextInput] = [(query, document) for document in documents]
+        outputs, timings = await self._classify_rows(model, pairs, texts, ticket)
+        return [float(classification.scores(out["logits"], None, "sigmoid")[0]) for out in outputs], timings
+
+    async def _classify_rows(
+        self, model: ServedModel, inputs: list[classification.TextInput], texts: list[tuple[str, str]], ticket: Ticket
+    ) -> tuple[list[Any], Timings]:
+        """Texts or pairs, checked (`texts`: each with the field that names it) and tokenized, through the engine."""
         truncate = self.settings.token_overflow == "truncate"
         timings = Timings()
-        texts = _classify_texts(inputs)
         self.check_texts(texts)
         rows = await self._off_loop(
             timings,
             lambda: classification.prepare(model.loaded_tokenizer, inputs, model.max_length, truncate),
             inline=sum(len(text) for _, text in texts) <= INLINE_CHARS,
         )
-        outputs = await self._run(model, rows, ticket, timings)
-        labels, problem_type = model.labels, model.config.problem_type if model.config else None
-        results = [classification.postprocess(out["logits"], labels, problem_type, top_k) for out in outputs]
-        return results, timings
+        return await self._run(model, rows, ticket, timings), timings
+
+    @staticmethod
+    def _check_task_options(check: Callable[[], None]) -> None:
+        """A task module's check of its parameters: its TaskInputError is the client's (422, the field named)."""
+        try:
+            check()
+        except TaskInputError as exc:
+            raise InvalidInput(str(exc), field=exc.field) from exc
 
     async def ner(
-        self, name: str, inputs: list[str] | list[list[str]], strategy: str, ticket: Ticket
+        self,
+        name: str,
+        inputs: list[str] | list[list[str]],
+        strategy: str,
+        ticket: Ticket,
+        ignore_labels: Sequence[str] = ("O",),
+        stride: int | None = None,
     ) -> tuple[list[list[dict]], Timings]:
-        """Entities of each text; of each text given as its words, where `inputs` holds lists of words."""
+        """Entities of each text; of each text given as its words, where `inputs` holds lists of words. Labels in
+        `ignore_labels` are left out; texts longer than the model's window are cut into windows overlapping by
+        `stride` tokens (None: `ner.default_stride`), as transformers' pipeline cuts them."""
         model = await self.model_for(name, "ner", ticket)
+        self._check_task_options(lambda: ner.check_strategy(strategy))
         self.check_count(len(inputs))
         sources = [item if isinstance(item, str) else ner.Words.join(item) for item in inputs]
         texts = [source if isinstance(source, str) else source.text for source in sources]
@@ -111,7 +171,11 @@ class RequestPipeline:
                 self.check_texts([(f"inputs.{i}.{j}", word) for j, word in enumerate(item)])
         self.check_texts([(f"inputs.{i}", text) for i, text in enumerate(texts)])
         timings = Timings()
-        stride = ner.default_stride(model.loaded_tokenizer, model.max_length)
+        if stride is None:
+            stride = ner.default_stride(model.loaded_tokenizer, model.max_length)
+        else:
+            self._check_task_options(lambda: ner.check_stride(model.loaded_tokenizer, model.max_length, stride))
+        ignored = tuple(ignore_labels)
         features = await self._off_loop(
             timings, lambda: [ner.prepare(model.loaded_tokenizer, item, model.max_length, stride) for item in sources]
         )
@@ -120,7 +184,7 @@ class RequestPipeline:
 
         def post() -> list[list[dict]]:
             return [
-                ner.postprocess(text, f, [o["logits"] for o in outs], model.labels, strategy)
+                ner.postprocess(text, f, [o["logits"] for o in outs], model.labels, strategy, ignored)
                 for text, f, outs in zip(texts, features, per_input, strict=True)
             ]
 
@@ -209,9 +273,24 @@ class RequestPipeline:
         timings.inference_s = ticket.inference_seconds
         timings.inference_calls = ticket.inference_calls
         timings.rows = len(rows)
+        timings.tokens = tokens
         self.metrics.queue_duration.labels(model.name).observe(timings.queue_s)
         self.metrics.tokenization_duration.labels(model.name).observe(timings.tokenization_s)
         return outputs
+
+
+def _not_a_cross_encoder(model: ServedModel) -> WrongTask:
+    labels = len(model.labels)
+    plural = "s" if labels != 1 else ""
+    what = (
+        f"a classification model with {labels} label{plural}"
+        if model.task == "classification"
+        else f"a {model.task} model"
+    )
+    return WrongTask(
+        f"model {model.name} is {what}, not a cross-encoder: rerank needs a classification entry with one label "
+        f"(see GET /v1/models/{model.name})"
+    )
 
 
 def _classify_texts(inputs: list[classification.TextInput]) -> list[tuple[str, str]]:

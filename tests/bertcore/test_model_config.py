@@ -38,6 +38,12 @@ def test_an_exported_entry_reads_back_typed(entry: Path, written: dict) -> None:
     older = copy.deepcopy(written)
     del older["tokenizer"]["padding_side"]  # entries written before the server read it pad on the right
     assert ModelConfig.parse(older).tokenizer.padding_side == "right"
+    assert config.rerank is False and written["rerank"] is False
+
+
+def test_an_entry_written_before_rerank_was_recorded_is_not_a_reranker(written: dict) -> None:
+    older = {key: value for key, value in written.items() if key != "rerank"}
+    assert ModelConfig.parse(older).rerank is False
 
 
 @pytest.mark.parametrize(
@@ -53,6 +59,8 @@ def test_an_exported_entry_reads_back_typed(entry: Path, written: dict) -> None:
         (lambda c: c["encoder"].update(vocab_size="30522"), "'vocab_size' is missing or not a int"),
         (lambda c: c["encoder"].update(vocab_size=0), "encoder.vocab_size 0 is not a vocabulary size"),
         (lambda c: c["tokenizer"].update(padding_side="top"), "padding_side 'top' is neither"),
+        (lambda c: c.update(rerank=True), "marks a rerank entry that is not a classification entry with one label"),
+        (lambda c: c.update(rerank="yes"), "'rerank' is not true or false"),
     ],
 )
 def test_what_the_server_relies_on_is_checked_by_name(written: dict, change, message: str, tmp_path: Path) -> None:

@@ -17,9 +17,11 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
+from bertcore.model_config import ModelConfig
+from export.errors import ExportError
 from export.pipeline import export_checkpoint
 from export.repository import read_config
-from tests.tiny_models import ARCHS
+from tests.tiny_models import ARCHS, CROSS_ENCODER
 
 TASKS = ("classification", "ner", "qa")
 EXPECTED_INPUTS = {
@@ -134,6 +136,26 @@ def test_multi_label_classification(tiny_checkpoint, tmp_path: Path, arch: str) 
     assert config["labels"] == ["a", "b", "c", "d"]
     assert config["variants"]["fp32"]["validation"]["passed"]
     assert list(config["variants"]) == ["fp32"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [CROSS_ENCODER, {"labels": ["LABEL_0"], "problem_type": None}],  # regression, or one label and no problem type
+    ids=["regression", "one-label"],
+)
+def test_a_one_label_cross_encoder_is_marked_rerank(tiny_checkpoint, tmp_path: Path, overrides: dict) -> None:
+    checkpoint = tiny_checkpoint("bert", "classification", **overrides)
+    config = export_checkpoint(str(checkpoint), "cross-encoder", tmp_path, variants="fp32,int8").config
+    assert config["rerank"] is True and config["labels"] == ["LABEL_0"]
+    assert config["problem_type"] == overrides["problem_type"]
+    assert config["variants"]["fp32"]["validation"]["passed"]
+    assert ModelConfig.read(tmp_path / "cross-encoder").rerank is True
+
+
+def test_regression_with_several_labels_is_refused(tiny_checkpoint, tmp_path: Path) -> None:
+    checkpoint = tiny_checkpoint("bert", "classification", problem_type="regression", labels=["x", "y"])
+    with pytest.raises(ExportError, match="regression with one label"):
+        export_checkpoint(str(checkpoint), "two-scores", tmp_path, variants="fp32")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

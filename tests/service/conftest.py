@@ -12,11 +12,13 @@ import pytest
 
 from export.pipeline import export_checkpoint
 from tests.harness.serving import ServiceProcess, start_service
+from tests.tiny_models import CROSS_ENCODER
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_CELLS = [
     (arch, task) for arch in ("bert", "roberta", "albert", "distilbert") for task in ("classification", "ner", "qa")
 ]
+RERANK_MODEL = "bert-rerank"  # the tiny cross-encoder of tiny_repository
 
 
 Server = ServiceProcess
@@ -41,10 +43,13 @@ def run_service(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def tiny_repository(tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every architecture x task as a repository entry named ARCH-TASK (fp32 and int8)."""
+    """Every architecture x task as a repository entry named ARCH-TASK (fp32 and int8), and a tiny cross-encoder
+    (RERANK_MODEL)."""
     repository = tmp_path_factory.mktemp("tiny-repository")
     for arch, task in TINY_CELLS:
         export_checkpoint(str(tiny_checkpoint(arch, task)), f"{arch}-{task}", repository, variants="fp32,int8")
+    cross_encoder = tiny_checkpoint("bert", "classification", **CROSS_ENCODER)
+    export_checkpoint(str(cross_encoder), RERANK_MODEL, repository, variants="fp32,int8")
     return repository
 
 

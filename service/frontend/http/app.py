@@ -16,7 +16,7 @@ from starlette.types import ASGIApp
 
 from bertcore.version import __version__
 from service.frontend.grpc.server import GrpcServer
-from service.frontend.http import open_inference
+from service.frontend.http import hf_tasks, open_inference, rerank
 from service.frontend.http.auth import ApiKeys, AuthMiddleware, open_paths
 from service.frontend.http.docs import document_bearer_auth, install_docs
 from service.frontend.http.errors import install_error_handlers
@@ -46,6 +46,8 @@ TIMING_HEADERS = (
     "x-inference-calls",
     "x-rows",
 )
+# Every inference endpoint: the native routes, then the other protocols' adapters (each mounted and documented alike).
+ALL_INFERENCE_ROUTES = (*INFERENCE_ROUTES, *hf_tasks.ROUTES, *rerank.ROUTES)
 
 
 class BertServeApp(FastAPI):
@@ -67,7 +69,7 @@ class BertServeApp(FastAPI):
                 description=self.description,
                 routes=[
                     *self.routes,
-                    *(route.documentation() for route in INFERENCE_ROUTES),
+                    *(route.documentation() for route in ALL_INFERENCE_ROUTES),
                     open_inference.infer_documentation(),
                 ],
             )
@@ -131,7 +133,7 @@ def create_app(
     )
     app.state.server = server
     install_error_handlers(app)
-    app.router.routes.extend(route.route() for route in INFERENCE_ROUTES)
+    app.router.routes.extend(route.route() for route in ALL_INFERENCE_ROUTES)
     app.router.routes.append(open_inference.infer_route())
     app.include_router(router)
     app.include_router(open_inference.router)

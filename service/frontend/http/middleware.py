@@ -38,6 +38,9 @@ class BodyTooLarge(Exception):
 
 INFERENCE_ENDPOINTS = ("classify", "ner", "qa")
 V2_INFER_ENDPOINT = "v2-infer"  # the request metrics' endpoint label of POST /v2/models/{name}/infer
+# Inference paths that name no model: the route puts the body's model in the scope (SCOPE_MODEL) for the metrics.
+RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank"})
+SCOPE_MODEL = "bertserve.model"
 
 
 class StatusRecorder:
@@ -54,11 +57,34 @@ class StatusRecorder:
 
 
 def is_inference(path: str) -> bool:
-    """/v1/models/{name}/{classify|ner|qa}, and the Open Inference Protocol's /v2/models/{name}/infer."""
-    parts = path.split("/")  # ['', 'v1', 'models', name, endpoint]
-    if len(parts) != 5 or parts[2] != "models":
+    """A path whose POST is inference: the native endpoints, the Hugging Face task API (the model's own path),
+    rerank, and the Open Inference Protocol's /v2/models/{name}/infer. (Only POSTs are inference: a GET of the
+    model's path is its information.)"""
+    if path in RERANK_PATHS:
+        return True
+    parts = path.split("/")  # ['', 'v1', 'models', name, endpoint?]
+    if len(parts) < 4 or parts[2] != "models" or not parts[3]:
         return False
-    return (parts[1] == "v1" and parts[4] in INFERENCE_ENDPOINTS) or (parts[1] == "v2" and parts[4] == "infer")
+    if parts[1] == "v2":
+        return len(parts) == 5 and parts[4] == "infer"
+    if parts[1] != "v1":
+        return False
+    return len(parts) == 4 or (len(parts) == 5 and parts[4] in INFERENCE_ENDPOINTS)
+
+
+def endpoint_label(scope: Scope) -> str:
+    """The metrics' endpoint label: classify, ner, qa, task (the Hugging Face task API), rerank, v2-infer, or
+    info."""
+    path = scope.get("path", "")
+    if path in RERANK_PATHS:
+        return "rerank"
+    parts = path.split("/")
+    if len(parts) == 5 and parts[1] == "v2" and parts[4] == "infer":
+        return V2_INFER_ENDPOINT
+    if len(parts) == 5 and parts[1] == "v1" and parts[4] in INFERENCE_ENDPOINTS:
+        return parts[4]
+    posted_task = len(parts) == 4 and parts[1] == "v1" and scope.get("method") == "POST" and is_inference(path)
+    return "task" if posted_task else "info"
 
 
 class HeadAsGetMiddleware:
@@ -207,8 +233,8 @@ class BodyLimitMiddleware:
 
 
 class MetricsMiddleware:
-    """Counts every /v1/models/{name}/{endpoint} and /v2/models/{name}/... request by model, endpoint and status,
-    and times it."""
+    """Counts every /v1/models/{name}[/{endpoint}], /v2/models/{name}/... and rerank request by model, endpoint and
+    status, and times it."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, known_models: Callable[[], set[str]]) -> None:
         self.app = app
@@ -216,7 +242,8 @@ class MetricsMiddleware:
         self.known_models = known_models
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or not scope.get("path", "").startswith(("/v1/models/", "/v2/models/")):
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not path.startswith(("/v1/models/", "/v2/models/")) and path not in RERANK_PATHS:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -224,12 +251,10 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, sent)
         finally:
-            parts = scope["path"].split("/")  # ['', 'v1', 'models', name, endpoint?]
-            name = parts[3] if len(parts) > 3 else ""
+            parts = path.split("/")  # ['', 'v1', 'models', name, endpoint?]
+            name = scope.get(SCOPE_MODEL) if path in RERANK_PATHS else parts[3] if len(parts) > 3 else ""
             model = name if name in self.known_models() else "unknown"  # bounded label values
-            endpoint = parts[4] if len(parts) > 4 and parts[4] in INFERENCE_ENDPOINTS else "info"
-            if parts[1] == "v2" and len(parts) > 4 and parts[4] == "infer":
-                endpoint = V2_INFER_ENDPOINT
+            endpoint = endpoint_label(scope)
             self.metrics.requests.labels(model, endpoint, str(sent.status)).inc()
             self.metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
 

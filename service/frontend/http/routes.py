@@ -107,33 +107,66 @@ class InferenceRoute:
         return Route(self.path, self.serve, methods=["POST"], name=self.name)
 
     async def serve(self, request: Request) -> Response:
-        try:
-            body = self.request.model_validate(await json_body(request))
-        except ValidationError as exc:  # reported as FastAPI reports a body's errors (service.frontend.http.errors)
-            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+        body = parse_body(self.request, await json_body(request))
         name = request.path_params["name"]
         async with admitted(request) as ticket:
             results, timings = await self.run(server_state(request).pipeline, name, body, ticket)
         return answer(name, results, timings, ticket)
 
     def documentation(self) -> APIRoute:
-        def endpoint(name: str, body: BaseModel) -> None:  # documents the operation; requests go to serve()
-            raise NotImplementedError
+        return documented(self.path, self.name, self.summary, self.request, self.response)
 
-        parameters = inspect.signature(endpoint).parameters
-        endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [parameters["name"].replace(annotation=str), parameters["body"].replace(annotation=self.request)]
-        )
-        return APIRoute(
-            self.path,
-            endpoint,
-            methods=["POST"],
-            name=self.name,
-            response_model=self.response,
-            responses=ERRORS,
-            tags=["inference"],
-            summary=self.summary,
-        )
+
+@dataclass(frozen=True)
+class AdapterRoute:
+    """An endpoint of another protocol's adapter (`hf_tasks`, `rerank`): a plain Starlette route documented as a
+    FastAPI one, as InferenceRoute; the endpoint parses its body with `parse_body` and opens its Ticket with
+    `admitted`, as the native routes do."""
+
+    path: str
+    name: str
+    summary: str
+    request: Any  # the body's type, for the schema
+    response: Any
+    endpoint: Callable[[Request], Awaitable[Response]]
+
+    def route(self) -> Route:
+        return Route(self.path, self.endpoint, methods=["POST"], name=self.name)
+
+    def documentation(self) -> APIRoute:
+        return documented(self.path, self.name, self.summary, self.request, self.response)
+
+
+def documented(path: str, name: str, summary: str, request: Any, response: Any) -> APIRoute:
+    """An APIRoute that documents a POST operation whose requests go elsewhere (it is never mounted)."""
+
+    def endpoint(name: str, body: BaseModel) -> None:  # documents the operation; requests go to the real route
+        raise NotImplementedError
+
+    parameters = inspect.signature(endpoint).parameters
+    kept = [parameters["name"].replace(annotation=str)] if "{name}" in path else []
+    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [*kept, parameters["body"].replace(annotation=request)]
+    )
+    return APIRoute(
+        path,
+        endpoint,
+        methods=["POST"],
+        name=name,
+        response_model=response,
+        responses=ERRORS,
+        tags=["inference"],
+        summary=summary,
+    )
+
+
+def parse_body(schema: type[BaseModel], data: Any) -> Any:
+    """The body validated against `schema`; its errors reported as FastAPI reports a body's errors
+    (service.frontend.http.errors)."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
 
 
 async def json_body(request: Request) -> Any:
@@ -247,7 +280,12 @@ async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
 
 
 def answer(name: str, results: list, timings: Timings, ticket: Ticket) -> JSONResponse:
-    headers = {
+    return JSONResponse({"model": name, "results": results}, headers=timing_headers(timings, ticket))
+
+
+def timing_headers(timings: Timings, ticket: Ticket) -> dict[str, str]:
+    """Where the request's time went: every inference answer carries them, whatever its protocol."""
+    return {
         "x-total-time-ms": f"{1000 * (time.perf_counter() - ticket.started):.2f}",
         "x-tokenization-time-ms": f"{1000 * timings.tokenization_s:.2f}",
         "x-queue-time-ms": f"{1000 * timings.queue_s:.2f}",
@@ -255,4 +293,3 @@ def answer(name: str, results: list, timings: Timings, ticket: Ticket) -> JSONRe
         "x-inference-calls": str(timings.inference_calls),
         "x-rows": str(timings.rows),
     }
-    return JSONResponse({"model": name, "results": results}, headers=headers)

@@ -145,6 +145,7 @@ class ModelInfo(BaseModel):
         "per batch timed at load on this CPU, the batch, and the variant chosen and why",
     )
     demo: bool = False
+    rerank: bool = Field(False, description="a cross-encoder (one label): POST /v1/rerank and /v2/rerank take it")
     max_length: int | None = None
     shapes: ShapeInfo | None = Field(None, description="the engine's shape buckets, once the model is loaded")
     limits: dict[str, int | float | str]
@@ -154,8 +155,137 @@ class ModelList(BaseModel):
     models: list[ModelInfo]
 
 
+# The Hugging Face task API (POST /v1/models/{name}, service.frontend.http.hf_tasks): the task payload
+# {"inputs", "parameters"} of the model's task, answered in that task's output shape.
+
+
+class HfClassificationParameters(Strict):
+    top_k: StrictInt | None = Field(None, ge=1, description="best labels per input; null: every label, sorted")
+    function_to_apply: Literal["sigmoid", "softmax", "none"] | None = Field(
+        None, description="logits to scores; null: the model's own (softmax, or sigmoid for multi-label)"
+    )
+
+
+class HfClassificationRequest(Strict):
+    inputs: ClassifyInput | Annotated[list[ClassifyInput], Field(min_length=1)] = Field(
+        description="a text, a {text, text_pair} or a non-empty list of them"
+    )
+    parameters: HfClassificationParameters | None = None
+
+
+class HfTokenClassificationParameters(Strict):
+    aggregation_strategy: Literal["none", "simple", "first", "average", "max"] | None = Field(
+        None, description="as transformers' token-classification pipeline; null: simple"
+    )
+    ignore_labels: list[str] | None = Field(None, description='labels left out; null: ["O"]')
+    stride: StrictInt | None = Field(
+        None, ge=0, description="overlap in tokens of the windows a long text is cut into; null: the server's"
+    )
+
+
+class HfTokenClassificationRequest(Strict):
+    inputs: str | Annotated[list[str], Field(min_length=1)] = Field(description="a text or a non-empty list of texts")
+    parameters: HfTokenClassificationParameters | None = None
+
+
+class HfQuestionAnsweringParameters(Strict):
+    top_k: StrictInt | None = Field(None, ge=1, le=100, description="answers per input; null: 1")
+    doc_stride: StrictInt | None = Field(None, ge=0, description="as QaRequest.doc_stride")
+    max_answer_len: StrictInt | None = Field(None, ge=1, le=512, description="longest answer in tokens; null: 15")
+    max_seq_len: StrictInt | None = Field(None, ge=8, description="as QaRequest.max_seq_len")
+    max_question_len: StrictInt | None = Field(None, ge=1, description="accepted, as transformers' pipeline")
+    handle_impossible_answer: StrictBool | None = Field(None, description="allow an empty answer; null: false")
+    align_to_words: StrictBool | None = Field(None, description="answers on word boundaries; null: true")
+
+
+class HfQuestionAnsweringRequest(Strict):
+    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)]
+    parameters: HfQuestionAnsweringParameters | None = None
+
+
+HfTaskRequest = Annotated[
+    HfClassificationRequest | HfTokenClassificationRequest | HfQuestionAnsweringRequest,
+    Field(
+        description="the task payload of the model's task (text-classification, token-classification or "
+        "question-answering)"
+    ),
+]
+HfTaskResponse = (
+    list[list[LabelScore]] | list[Entity] | list[list[Entity]] | Answer | list[Answer] | list[Answer | list[Answer]]
+)
+
+
+# Rerank (service.frontend.http.rerank): Cohere v1 and Jina (POST /v1/rerank), Cohere v2 (POST /v2/rerank).
+
+
+class RerankDocument(BaseModel):
+    """A document given as an object: its `text` is ranked; the object comes back as given."""
+
+    model_config = ConfigDict(extra="allow")
+    text: str
+
+
+class RerankRequest(Strict):
+    model: str | None = Field(
+        None, description="a rerank model's name; may be left out when the server serves exactly one"
+    )
+    query: str = Field(min_length=1)
+    documents: Annotated[list[str | RerankDocument], Field(min_length=1)] = Field(
+        description="texts, or objects whose text is ranked (returned as given)"
+    )
+    top_n: StrictInt | None = Field(None, ge=1, description="best documents to return; null: every document")
+    return_documents: StrictBool = Field(False, description="each result also carries its document")
+
+
+class RerankV2Request(Strict):
+    model: str
+    query: str = Field(min_length=1)
+    documents: Annotated[list[str], Field(min_length=1)]
+    top_n: StrictInt | None = Field(None, ge=1, description="best documents to return; null: every document")
+    max_tokens_per_doc: StrictInt | None = Field(
+        None, ge=1, description="each document cut to its first N tokens; null: cut only to the model's window"
+    )
+
+
+class RerankResult(BaseModel):
+    index: int = Field(description="the document's position in the request")
+    relevance_score: float = Field(description="the sigmoid of the cross-encoder's logit, in [0, 1]")
+    document: dict[str, Any] | None = Field(None, description="with return_documents: the document, as {text, ...}")
+
+
+class RerankMeta(BaseModel):
+    api_version: dict[str, str]
+    billed_units: dict[str, int]
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str = Field(description="the request's id (x-request-id)")
+    model: str
+    results: list[RerankResult] = Field(description="best first")
+    meta: RerankMeta
+    usage: RerankUsage
+
+
 REQUEST_FIELDS = frozenset(
-    name for model in (ClassifyRequest, TextPair, NerRequest, QaRequest, QaInput) for name in model.model_fields
+    name
+    for model in (
+        ClassifyRequest,
+        TextPair,
+        NerRequest,
+        QaRequest,
+        QaInput,
+        HfClassificationRequest,
+        HfClassificationParameters,
+        HfTokenClassificationParameters,
+        HfQuestionAnsweringParameters,
+        RerankRequest,
+        RerankV2Request,
+    )
+    for name in model.model_fields
 )
 
 

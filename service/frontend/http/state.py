@@ -120,6 +120,7 @@ class ServerState:
             "placement": engine.get("placement"),
             "cpu_variant_trial": engine.get("cpu_variant_trial"),
             "demo": bool(config and config.demo),
+            "rerank": bool(config and config.rerank),
             "max_length": config.max_length if config else None,
             "shapes": _shapes(engine),
             "limits": {

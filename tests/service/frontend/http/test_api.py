@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.service.conftest import TINY_CELLS
+from tests.service.conftest import RERANK_MODEL, TINY_CELLS
 
 ERROR_KEYS = {"error", "error_type", "field"}
 
@@ -15,8 +15,13 @@ def test_probes_and_model_list(tiny_server) -> None:
         assert client.get("/livez").json() == {"status": "alive"}
         assert client.get("/readyz").status_code == 200
         models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
-    assert set(models) == {f"{arch}-{task}" for arch, task in TINY_CELLS}
+    assert set(models) == {f"{arch}-{task}" for arch, task in TINY_CELLS} | {RERANK_MODEL}
+    cross_encoder = models.pop(RERANK_MODEL)
+    assert cross_encoder["rerank"] is True and cross_encoder["task"] == "classification"
+    assert cross_encoder["status"] == "ready"
+    assert cross_encoder["labels"] == ["LABEL_0"] and cross_encoder["problem_type"] == "regression"
     for name, info in models.items():
+        assert info["rerank"] is False
         assert info["status"] == "ready" and info["provider"] == "CPUExecutionProvider" and info["variant"] == "fp32"
         assert info["demo"] is False and info["max_length"] == 64
         assert info["limits"]["max_inputs_per_request"] == 64
@@ -431,3 +436,14 @@ def test_an_unpaired_surrogate_is_named_alike_by_every_endpoint(tiny_server) -> 
             "error_type": "validation",
             "field": field,
         }
+
+
+def counted(metrics: str, model: str, endpoint: str, status: str = "200") -> float:
+    """bertserve_requests_total of one model, endpoint and status in a /metrics exposition."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "bertserve_requests_total"
+        and sample.labels == {"model": model, "endpoint": endpoint, "status": status}
+    )

@@ -13,12 +13,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode, checks
 
+from tests.service.conftest import RERANK_MODEL
+
 MODEL_FOR = {
     "classify": "bert-classification",
     "ner": "bert-ner",
     "qa": "distilbert-qa",
     "infer": "bert-classification",
 }
+# The Hugging Face task API's one path serves every task: its requests go to a model of each task in turn.
+TASK_MODELS = ("bert-classification", "bert-ner", "distilbert-qa")
+RERANK_PATHS = ("/v1/rerank", "/v2/rerank")
 CHECKS = [
     checks.not_a_server_error,
     checks.status_code_conformance,
@@ -27,9 +32,9 @@ CHECKS = [
     checks.response_schema_conformance,
 ]
 EXAMPLES_PER_OPERATION = 300  # x 4 operations with a body or a path parameter: >= 1,000 cases
-# The Open Inference Protocol's operations: its infer body is one more shape of the same pipeline's input (tested
-# with the real clients in test_open_inference.py); fewer examples keep the run's time in bounds.
-EXAMPLES_PER_V2_OPERATION = 100
+# The other protocols' operations (the task API, rerank, the Open Inference Protocol): other shapes of the same
+# pipeline's input (tested with their real clients elsewhere); fewer examples keep the run's time in bounds.
+ADAPTER_EXAMPLES = 100
 
 
 def test_generated_requests_get_documented_answers_and_never_a_5xx(tiny_server) -> None:
@@ -37,9 +42,14 @@ def test_generated_requests_get_documented_answers_and_never_a_5xx(tiny_server) 
     cases: Counter[str] = Counter()
     for result in live.get_all_operations():
         operation = result.ok()
+        adapter = (
+            operation.path in RERANK_PATHS
+            or operation.path.startswith("/v2/")
+            or (operation.path, operation.method.upper()) == ("/v1/models/{name}", "POST")
+        )
 
         @settings(
-            max_examples=EXAMPLES_PER_V2_OPERATION if operation.path.startswith("/v2") else EXAMPLES_PER_OPERATION,
+            max_examples=ADAPTER_EXAMPLES if adapter else EXAMPLES_PER_OPERATION,
             deadline=None,
             database=None,
             suppress_health_check=list(HealthCheck),
@@ -49,14 +59,27 @@ def test_generated_requests_get_documented_answers_and_never_a_5xx(tiny_server) 
             endpoint = case.path.rsplit("/", 1)[-1]
             if endpoint in MODEL_FOR:
                 case.path_parameters = {"name": MODEL_FOR[endpoint]}
+            elif case.path == "/v1/models/{name}" and case.method.upper() == "POST":
+                case.path_parameters = {"name": TASK_MODELS[sum(cases.values()) % len(TASK_MODELS)]}
+            elif case.path in RERANK_PATHS and isinstance(case.body, dict) and "model" in case.body:
+                case.body["model"] = RERANK_MODEL
             response = case.call(base_url=tiny_server.url, timeout=60)
             cases[f"{case.method} {case.path}"] += 1
             case.validate_response(response, checks=CHECKS)
 
         call()
     assert sum(cases.values()) >= 1000, cases
-    assert {"POST /v1/models/{name}/classify", "POST /v1/models/{name}/ner", "POST /v1/models/{name}/qa"} <= set(cases)
-    assert {"POST /v2/models/{name}/infer", "GET /v2/models/{name}", "GET /v2/health/ready"} <= set(cases)
+    assert {
+        "POST /v1/models/{name}/classify",
+        "POST /v1/models/{name}/ner",
+        "POST /v1/models/{name}/qa",
+        "POST /v1/models/{name}",
+        "POST /v1/rerank",
+        "POST /v2/rerank",
+        "POST /v2/models/{name}/infer",
+        "GET /v2/models/{name}",
+        "GET /v2/health/ready",
+    } <= set(cases)
     with tiny_server.client() as client:  # and the server still serves
         assert client.post("/v1/models/bert-classification/classify", json={"inputs": ["fine"]}).status_code == 200
     assert "Traceback" not in tiny_server.log()

@@ -1,0 +1,108 @@
+"""The Hugging Face task API: `POST /v1/models/{name}` (the model's own URL, as an Inference Endpoint's URL is its
+model) takes the task payload `{"inputs": ..., "parameters": {...}}` of the model's task and answers in that task's
+output shape, as huggingface_hub's `InferenceClient(model=URL)` sends and parses them:
+
+- text-classification: `[[{label, score}, ...], ...]`, one list per input (a single input too, as the Inference
+  API answers it); by default every label, best first.
+- token-classification: `[{entity_group | entity, score, word, start, end}, ...]` for one text, a list of such
+  lists for a list of texts.
+- question-answering: `{answer, score, start, end}` for one input with top_k 1, else a list; a list of those for a
+  list of inputs.
+
+An adapter only: the body's parameters become the request pipeline's options (`RequestPipeline.classify`, `ner`,
+`qa`), and the request is admitted, limited, timed and counted as the native routes' are (`routes.admitted`)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service.frontend.http import schemas
+from service.frontend.http.routes import AdapterRoute, admitted, json_body, parse_body, server_state, timing_headers
+from service.frontend.pipeline import RequestPipeline, Timings
+from service.wire.ticket import Ticket
+
+Run = Callable[[RequestPipeline, str, Any, Ticket], Awaitable[tuple[Any, Timings]]]
+
+
+@dataclass(frozen=True)
+class HfTask:
+    """One task of the API: its payload's schema and how it runs on the pipeline."""
+
+    name: str  # the task's name in Hugging Face's task specs
+    request: type[BaseModel]
+    run: Run
+
+
+async def _text_classification(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[Any, Timings]:
+    params = body.parameters or schemas.HfClassificationParameters()
+    items = body.inputs if isinstance(body.inputs, list) else [body.inputs]
+    inputs = [item if isinstance(item, str) else (item.text, item.text_pair) for item in items]
+    return await pipeline.classify(name, inputs, params.top_k, ticket, params.function_to_apply)
+
+
+async def _token_classification(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[Any, Timings]:
+    params = body.parameters or schemas.HfTokenClassificationParameters()
+    single = isinstance(body.inputs, str)
+    results, timings = await pipeline.ner(
+        name,
+        [body.inputs] if single else body.inputs,
+        params.aggregation_strategy or "simple",
+        ticket,
+        ignore_labels=("O",) if params.ignore_labels is None else params.ignore_labels,
+        stride=params.stride,
+    )
+    return (results[0] if single else results), timings
+
+
+async def _question_answering(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[Any, Timings]:
+    params = body.parameters or schemas.HfQuestionAnsweringParameters()
+    options = {key: value for key, value in params.model_dump().items() if value is not None}
+    single = not isinstance(body.inputs, list)
+    items = [body.inputs] if single else body.inputs
+    answers, timings = await pipeline.qa(name, [(item.question, item.context) for item in items], options, ticket)
+    results: list[Any] = answers
+    if options.get("top_k", 1) == 1:  # one answer is the answer itself, as the pipeline returns it
+        results = [found[0] if len(found) == 1 else found for found in answers]
+    return (results[0] if single else results), timings
+
+
+TASKS = {
+    "classification": HfTask("text-classification", schemas.HfClassificationRequest, _text_classification),
+    "ner": HfTask("token-classification", schemas.HfTokenClassificationRequest, _token_classification),
+    "qa": HfTask("question-answering", schemas.HfQuestionAnsweringRequest, _question_answering),
+}
+
+
+async def serve(request: Request) -> Response:
+    """The payload is read as the task of the model named in the path (404 for none; 503 for one that failed to
+    load); its errors are the native API's: one error body, 422 naming the field or parameter."""
+    server = server_state(request)
+    name = request.path_params["name"]
+    data = await json_body(request)
+    model = server.registry.lookup(name)
+    if model.task is None:  # its model.json could not be read: the load failure says why
+        raise model.load_failure()
+    task = TASKS[model.task]
+    body = parse_body(task.request, data)
+    async with admitted(request) as ticket:
+        result, timings = await task.run(server.pipeline, name, body, ticket)
+    return JSONResponse(result, headers=timing_headers(timings, ticket))
+
+
+ROUTES = (
+    AdapterRoute(
+        "/v1/models/{name}",
+        "hf_task",
+        "Hugging Face task API: the payload of the model's task (text-, token-classification, question-answering)",
+        schemas.HfTaskRequest,
+        schemas.HfTaskResponse,
+        serve,
+    ),
+)

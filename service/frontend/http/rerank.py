@@ -1,0 +1,99 @@
+"""Rerank: `POST /v1/rerank` (Cohere v1 and Jina: {model, query, documents, top_n, return_documents}) and
+`POST /v2/rerank` (Cohere v2: {model, query, documents, top_n, max_tokens_per_doc}), for a cross-encoder (a
+classification entry with one label, marked rerank by the export).
+
+Answers `{id, model, results: [{index, relevance_score, document?}], meta, usage}`, best first: `id` is the
+request's id, `meta` what Cohere's clients parse, `usage` what Jina's do. The score is the sigmoid of the
+cross-encoder's logit (`RequestPipeline.rerank`). An adapter only: the pairs are one request's rows in the
+batcher, and the request is admitted, limited, timed and counted as the native routes' are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service.errors import InvalidInput
+from service.frontend.http import schemas
+from service.frontend.http.middleware import SCOPE_MODEL
+from service.frontend.http.routes import AdapterRoute, admitted, json_body, parse_body, server_state, timing_headers
+from service.frontend.http.state import ServerState
+from service.frontend.pipeline import Timings
+from service.wire.ticket import Ticket
+
+
+def only_rerank_model(server: ServerState) -> str:
+    """The model a request that names none goes to: the one rerank model served, where there is exactly one."""
+    names = sorted(m.name for m in server.registry.models.values() if m.config is not None and m.config.rerank)
+    if len(names) == 1:
+        return names[0]
+    served = f"the rerank models served: {', '.join(names)}" if names else "this server serves no rerank model"
+    raise InvalidInput(f"name the model ({served})", field="model")
+
+
+def ranked(scores: list[float], top_n: int | None) -> list[dict[str, Any]]:
+    """Results best first; equal scores in the documents' order."""
+    order = sorted(range(len(scores)), key=lambda index: -scores[index])
+    return [{"index": index, "relevance_score": scores[index]} for index in order[:top_n]]
+
+
+def envelope(
+    name: str, results: list[dict[str, Any]], version: str, timings: Timings, ticket: Ticket
+) -> dict[str, Any]:
+    return {
+        "id": ticket.request_id or "",
+        "model": name,
+        "results": results,
+        "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}},
+        "usage": {"total_tokens": timings.tokens},
+    }
+
+
+async def serve_v1(request: Request) -> Response:
+    body = parse_body(schemas.RerankRequest, await json_body(request))
+    server = server_state(request)
+    name = body.model if body.model is not None else only_rerank_model(server)
+    request.scope[SCOPE_MODEL] = name
+    texts = [document if isinstance(document, str) else document.text for document in body.documents]
+    async with admitted(request) as ticket:
+        scores, timings = await server.pipeline.rerank(name, body.query, texts, ticket)
+    results = ranked(scores, body.top_n)
+    if body.return_documents:
+        for result in results:
+            document = body.documents[result["index"]]
+            result["document"] = {"text": document} if isinstance(document, str) else document.model_dump()
+    return JSONResponse(envelope(name, results, "1", timings, ticket), headers=timing_headers(timings, ticket))
+
+
+async def serve_v2(request: Request) -> Response:
+    body = parse_body(schemas.RerankV2Request, await json_body(request))
+    server = server_state(request)
+    request.scope[SCOPE_MODEL] = body.model
+    async with admitted(request) as ticket:
+        scores, timings = await server.pipeline.rerank(
+            body.model, body.query, body.documents, ticket, max_tokens_per_doc=body.max_tokens_per_doc
+        )
+    results = ranked(scores, body.top_n)
+    return JSONResponse(envelope(body.model, results, "2", timings, ticket), headers=timing_headers(timings, ticket))
+
+
+ROUTES = (
+    AdapterRoute(
+        "/v1/rerank",
+        "rerank_v1",
+        "Rerank documents by a cross-encoder (Cohere v1, Jina)",
+        schemas.RerankRequest,
+        schemas.RerankResponse,
+        serve_v1,
+    ),
+    AdapterRoute(
+        "/v2/rerank",
+        "rerank_v2",
+        "Rerank documents by a cross-encoder (Cohere v2)",
+        schemas.RerankV2Request,
+        schemas.RerankResponse,
+        serve_v2,
+    ),
+)
