@@ -21,7 +21,7 @@ from benchmarks.openloop import open_loop, post_request
 from benchmarks.realdata import shared_available
 from benchmarks.request_shapes import SHAPES
 
-BOUND_S = 1.0
+BOUND_S = 2.0  # the default --max-queue-s
 FACTOR = 3.0
 
 needs_shared = pytest.mark.skipif(not shared_available(), reason="../shared (real checkpoints and data) is absent")

@@ -61,13 +61,14 @@ class Admission:
 
 
 class AdmissionGate:
-    """Admit while tokens in flight / recent tokens finished a second <= 0.4 x `max_queue_s`.
+    """Admit while tokens in flight / recent tokens finished a second <= 0.4 x `max_queue_s`, or up to one full
+    batch where the rate finishes it within the bound (`limit`).
 
     The rate is the mean of the last `history` whole seconds: under overload, what the server can do (a mean, not the
     best second: an overestimate would admit more than the bound holds). Where no rate is known (a cold or idle
-    server), up to `floor_tokens` are admitted, so that the server learns one; once it is known, the rate alone sets
-    the limit, whatever the floor: a model and request shape that finish few tokens a second get few in flight.
-    A request is always admitted while nothing is in flight: it cannot be answered sooner by waiting."""
+    server), up to `floor_tokens` are admitted, so that the server learns one; once it is known, the floor is cut
+    to what the rate finishes within the bound: a model and request shape that finish few tokens a second get few in
+    flight. A request is always admitted while nothing is in flight: it cannot be answered sooner by waiting."""
 
     def __init__(
         self,
@@ -96,11 +97,16 @@ class AdmissionGate:
     def limit(self) -> float:
         """Most tokens in flight at once now: what the recent rate finishes in 40% of the bound. Little's law gives
         the mean time in the server; the slowest admitted requests (p99, measured on 2 cores, open-loop overload at
-        3x) took 2.3x the median, so 40% keeps them, not only the average, within the bound."""
+        3x) took 2.3x the median, so 40% keeps them, not only the average, within the bound.
+
+        At least one full batch (`floor_tokens`) is admitted, so that batches fill, but only as much of it as the
+        measured rate finishes within the whole bound: a closed loop of a few clients at saturation (their mean
+        wait, by Little's law, is clients / rate) is not refused work the server does in time, and heavy requests
+        (32 long QA contexts were 4 s of work) are."""
         rate = self.rate()
         if rate <= 0:
             return float(self.floor_tokens)
-        return rate * self.max_queue_s * TAIL_FACTOR
+        return max(rate * self.max_queue_s * TAIL_FACTOR, min(float(self.floor_tokens), rate * self.max_queue_s))
 
     def try_enter(self, tokens: float) -> Admission | None:
         if self.in_flight and self.tokens_in_flight + tokens > self.limit():

@@ -42,7 +42,7 @@ def test_one_request_is_admitted_while_nothing_is_in_flight_however_large() -> N
 
 def test_the_limit_is_the_measured_rate_of_tokens_times_the_bound() -> None:
     clock = Clock()
-    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=100, clock=clock)
     finish(gate, 50, tokens=20)  # 1,000 tokens answered in this second
     clock.now += 1
     assert gate.rate() == 1000
@@ -52,17 +52,51 @@ def test_the_limit_is_the_measured_rate_of_tokens_times_the_bound() -> None:
     assert gate.retry_after_s() == 1  # 800 tokens in flight at 1,000 a second
 
 
+def test_one_batch_is_admitted_where_the_rate_finishes_it_within_the_bound() -> None:
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
+    finish(gate, 50, tokens=20)
+    clock.now += 1
+    assert gate.limit() == pytest.approx(2000)  # the batch's tokens, cut to what 1,000 a second finish in 2 s
+    assert sum(gate.try_enter(20) is not None for _ in range(150)) == 100
+    assert gate.retry_after_s() == 2
+
+
 def test_once_a_rate_is_known_the_floor_no_longer_admits_heavy_work() -> None:
     """The fault of issue 30: a floor of 32 requests let 32 long QA requests (3 windows of 384 tokens, 215 ms each
-    alone) in, 4 s of work against a 2 s bound. With a rate of ~8 such requests a second, 40% of 2 s holds ~6."""
+    alone) in, 4 s of work against a 2 s bound. At ~8 such requests a second, one batch's tokens (8,192) hold 7."""
     clock = Clock()
     gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
     qa_request = 3 * 384
     finish(gate, 8, tokens=qa_request)
     clock.now += 1
     admitted = sum(gate.try_enter(qa_request) is not None for _ in range(32))
-    assert admitted == 6
-    assert gate.expected_wait_s() == pytest.approx(6 / 8)
+    assert admitted == 7
+    assert gate.expected_wait_s() == pytest.approx(7 / 8)
+
+
+def test_the_floor_is_cut_to_what_the_rate_finishes_within_the_bound() -> None:
+    """A slow model (one QA request a second): one batch of tokens would be 7 s of work; the whole bound's worth,
+    2 requests, is the most admitted."""
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
+    qa_request = 3 * 384
+    finish(gate, 1, tokens=qa_request)
+    clock.now += 1
+    assert gate.limit() == pytest.approx(2 * qa_request)
+    assert sum(gate.try_enter(qa_request) is not None for _ in range(8)) == 2
+
+
+def test_a_closed_loop_at_saturation_is_not_refused() -> None:
+    """Six clients of 16 sentences (~400 tokens a request) on a server that answers 8 such requests a second: their
+    mean wait is 0.75 s, within the 2 s bound. 40% of the bound alone (0.8 s of work, ~6.4 requests) refused them at
+    the edge, as the rate wobbled; the floor, cut to the bound, holds 16."""
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
+    finish(gate, 8, tokens=400)
+    clock.now += 1
+    assert all(gate.try_enter(400) is not None for _ in range(6))
+    assert gate.limit() == pytest.approx(2 * 8 * 400)
 
 
 def test_the_estimate_at_the_door_is_replaced_by_the_charge() -> None:
