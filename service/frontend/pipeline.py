@@ -56,7 +56,7 @@ class RequestPipeline:
         """The model, if it serves `task`. Waiting for an engine that is (re)connecting counts as queueing: it is
         bounded by --max-queue-s and the request's deadline."""
         wait_s = min(self.settings.max_queue_s, ticket.deadline - time.monotonic())
-        model = await self.registry.serving(name, wait_s)
+        model = await self.registry.serving(name, wait_s, ticket)
         if model.task != task:
             endpoint = ENDPOINT_OF_TASK.get(model.task or "", "")
             raise WrongTask(f"model {name} is a {model.task} model; use POST /v1/models/{name}/{endpoint}")
@@ -162,10 +162,10 @@ class RequestPipeline:
         return await self._checked(post), timings
 
     async def self_test(self, model: ServedModel) -> None:
-        """One real request through the whole path before the model is reported ready; a ServiceError (or any
-        exception) says why it cannot serve."""
+        """One real request through the whole path before the model (a version of it) serves; a ServiceError (or
+        any exception) says why it cannot."""
         ticket = Ticket.with_timeout(max(self.settings.request_timeout_s, 60.0))
-        token = SELF_TEST.set(True)
+        token = SELF_TEST.set(model)
         try:
             if model.task == "classification":
                 await self.classify(model.name, ["bertserve self-test"], None, ticket)
@@ -200,7 +200,7 @@ class RequestPipeline:
     async def _run(self, model: ServedModel, rows: list[Row], ticket: Ticket, timings: Timings) -> list[Any]:
         self.memory.begin()
         try:
-            outputs = await self.engine.infer(model.name, rows, ticket)
+            outputs = await self.engine.infer(model.target, rows, ticket)
         finally:
             self.memory.end(large=sum(len(row) for row in rows) >= self.settings.release_memory_min_tokens)
         timings.queue_s = ticket.queue_seconds

@@ -27,6 +27,7 @@ from service.frontend.http.middleware import (
     MetricsMiddleware,
     RequestContextMiddleware,
 )
+from service.frontend.http.repository_api import install_repository_api
 from service.frontend.http.routes import INFERENCE_ROUTES, router
 from service.frontend.http.server import shared_port_socket
 from service.frontend.http.state import ServerState
@@ -121,6 +122,7 @@ def create_app(
     install_error_handlers(app)
     app.router.routes.extend(route.route() for route in INFERENCE_ROUTES)
     app.include_router(router)
+    install_repository_api(app, settings)
     if settings.docs == "on":
         install_docs(app, app.title)
     app.add_middleware(AdmissionMiddleware, gate=server.admission)
