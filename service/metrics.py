@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -145,6 +146,16 @@ class Metrics:
 
     def observer(self, model: str) -> ModelObserver:
         return ModelObserver(self, model)
+
+
+def forget(gauge: Gauge, *labels: str) -> None:
+    """The series of a model no longer served: removed; in process mode (where a series written to the shared
+    directory cannot be removed) NaN, which no comparison in an alert rule matches (`== 0` included)."""
+    if os.environ.get(MULTIPROCESS_DIR):
+        gauge.labels(*labels).set(float("nan"))
+    else:
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
 
 
 def merged_exposition(directory: str) -> bytes:

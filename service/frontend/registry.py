@@ -21,7 +21,7 @@ from bertcore.model_config import ModelConfig
 from bertcore.tokenization import TextTokenizer
 from service.errors import EngineUnavailable, ModelFailed, ModelNotFound, NotReady
 from service.frontend.engine_client import Engine
-from service.metrics import Metrics
+from service.metrics import Metrics, forget
 from service.repository import entry_version, load_entries, read_config
 from service.settings import Settings
 from service.wire.model_status import ModelStatus
@@ -155,7 +155,7 @@ class ModelRegistry:
             for name in [name for name in self.models if name not in states]:  # unloaded, its versions closed
                 del self.models[name]
                 self._retiring.pop(name, None)
-                self.metrics.model_ready.labels(name).set(0)
+                forget(self.metrics.model_ready, name)
         for name in states:
             if name not in self.models:
                 self.models[name] = ServedModel(name, self.settings.repository / name)
