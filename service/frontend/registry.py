@@ -135,6 +135,8 @@ class ModelRegistry:
         self.sync()
 
     def _open(self, entry: Path) -> None:
+        # listed (loading) before the engine's first word: a request meanwhile waits for it rather than gets 404
+        self.models.setdefault(entry.name, ServedModel(entry.name, entry))
         model = read_model(entry, entry_version(entry), self.settings)
         if model.error is not None:
             raise ValueError(model.error)
@@ -238,6 +240,8 @@ class ModelRegistry:
         testing = SELF_TEST.get()
         if testing is not None and testing.name == name:
             return testing
+        if name not in self.models and not self.engine.connected:  # its word on the models is still to come
+            raise EngineUnavailable("the engine is not connected (starting or restarting); try again shortly")
         model = self.lookup(name)
         if model.status == ModelStatus.UNLOADING:
             raise ModelNotFound(f"model {name} is being unloaded; GET /v1/models lists the served models")

@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 
 from service.errors import BadRequest, Forbidden, LoadFailed, Unauthorized
-from service.frontend.http.auth import ApiKeys, bearer_token
+from service.frontend.http.auth import ApiKeys, KeyFileProblem, bearer_token
 from service.frontend.http.routes import ERRORS, json_body, server_state
 from service.frontend.http.state import ServerState
 from service.repository import name_problem
@@ -37,8 +37,7 @@ class AdminKeys:
     """The admin keys (their own file), told apart from the inference keys."""
 
     def __init__(self, settings: Settings) -> None:
-        assert settings.admin_api_key_file is not None  # Settings refuses explicit mode without it
-        self.admin = ApiKeys(file=settings.admin_api_key_file)  # StartupError where it cannot be used
+        self.admin = admin_keys(settings)
         self.inference = ApiKeys.from_settings(settings)
 
     def check(self, request: Request) -> None:
@@ -56,6 +55,15 @@ class AdminKeys:
             "the admin key is not valid",
             headers={"WWW-Authenticate": 'Bearer realm="bertserve-admin", error="invalid_token"'},
         )
+
+
+def admin_keys(settings: Settings) -> ApiKeys:
+    """The admin key file's keys; StartupError (KeyFileProblem) says why the file cannot be used."""
+    assert settings.admin_api_key_file is not None  # Settings refuses explicit mode without it
+    try:
+        return ApiKeys(file=settings.admin_api_key_file)
+    except KeyFileProblem as exc:
+        raise KeyFileProblem(f"admin_{exc}") from None
 
 
 def install_repository_api(app: FastAPI, settings: Settings) -> None:

@@ -172,3 +172,6 @@ def test_the_routes_are_absent_unless_explicit(tiny_server) -> None:
 def test_explicit_without_an_admin_key_file_refuses_to_start(tmp_path: Path) -> None:
     done = run_service("--repository", str(tmp_path), "--model-control", "explicit")
     assert done.returncode == 2 and "admin_api_key_file" in done.stderr, done.stderr
+    missing = tmp_path / "no-such.keys"
+    done = run_service("--repository", str(tmp_path), "--model-control", "explicit", "--admin-api-key-file", str(missing))
+    assert done.returncode == 2 and done.stderr.strip() == f"error: admin_api_key_file {missing} does not exist"
