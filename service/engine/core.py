@@ -183,7 +183,7 @@ class EngineCore:
 
     async def warm_up(self) -> None:
         """Run every model at each warm-up shape on its batch thread, then mark it ready."""
-        for model in self.models.values():
+        for model in list(self.models.values()):  # a load call may add one meanwhile
             generation = model.current
             if generation is None or generation.batcher is None or model.status != ModelStatus.LOADING:
                 continue

@@ -175,6 +175,7 @@ class RequestPipeline:
                 await self.qa(model.name, [("What runs?", "The bertserve self-test runs.")], {}, ticket)
         finally:
             SELF_TEST.reset(token)
+            ticket.done()
 
     async def _off_loop(self, timings: Timings, work: Callable[[], T], inline: bool = False) -> T:
         """Tokenize on the pool; small work (`inline`) right here, where a thread hop would cost more than it."""

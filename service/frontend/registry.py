@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,9 +92,9 @@ class ServedModel:
         return self.config.max_length
 
     def hold(self, ticket: Ticket) -> None:
-        """The request of `ticket` uses this version until the ticket is gone (its request is over)."""
+        """The request of `ticket` uses this version until it is over (`Ticket.done`)."""
         self.holders += 1
-        weakref.finalize(ticket, self._release)
+        ticket.on_done.append(self._release)
 
     def _release(self) -> None:
         self.holders -= 1

@@ -71,7 +71,7 @@ def test_first_load_listed_as_loading_and_a_reload_in_one_step(tiny_repository: 
             assert core.models["a"].generation(old.version) is not None  # open while the request holds it
             outputs = await server.engine.infer(old.target, [], held)  # the old version still answers it
             assert outputs == []
-            del held
+            held.done()  # its request is over
             await until(lambda: core.models["a"].generation(old.version) is None)
             assert [g.version for g in (core.models["a"].current, *core.models["a"].older)] == [new.version]
         finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import run_service
+from tests.service.conftest import run_service, wait_for
 from tests.service.lifecycle import Traffic, models, publish, samples
 
 ADMIN_KEY = "admin-key-0123456789abcdef"
@@ -100,6 +100,8 @@ def test_a_reload_under_traffic_answers_every_request(explicit) -> None:
                 assert client.get("/readyz").status_code == 200
                 assert models(client)["a"]["version"] == reloaded.json()["version"] != before
         assert traffic.statuses.count(200) == len(traffic.statuses) > 0, traffic.bodies[:3]
+    # the old versions closed once their last request was answered, not at the fallback (--request-timeout-s, 30 s)
+    assert wait_for(lambda: f"model a: version {before} closed" in explicit.log(), timeout=10)
     loads = samples(explicit.url, "bertserve_model_loads_total")
     assert loads[(("model", "a"), ("result", "ok"))] >= 4  # the start and three reloads
     versions = samples(explicit.url, "bertserve_model_version_info")
@@ -173,5 +175,7 @@ def test_explicit_without_an_admin_key_file_refuses_to_start(tmp_path: Path) -> 
     done = run_service("--repository", str(tmp_path), "--model-control", "explicit")
     assert done.returncode == 2 and "admin_api_key_file" in done.stderr, done.stderr
     missing = tmp_path / "no-such.keys"
-    done = run_service("--repository", str(tmp_path), "--model-control", "explicit", "--admin-api-key-file", str(missing))
+    done = run_service(
+        "--repository", str(tmp_path), "--model-control", "explicit", "--admin-api-key-file", str(missing)
+    )
     assert done.returncode == 2 and done.stderr.strip() == f"error: admin_api_key_file {missing} does not exist"
