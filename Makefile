@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 REPOSITORY ?= models
 DEMO_MODELS := demo-sentiment demo-ner demo-qa
 INSTALLED := $(VENV)/.installed
-# Every package installed is pinned here (make install and the Docker images); `make lock` rewrites it.
+# Every package installed is pinned here (make install and the Docker images), each pin a release PyPI serves
+# (`make test` checks it there); `make lock` rewrites it.
 LOCK := constraints.txt
-# Where pip finds the torch CPU build the lock pins (torch==X+cpu), if not in its configuration already.
+# The PyTorch CPU index's URL, to install the CPU build of torch (see install below); empty: PyPI's build.
 TORCH_INDEX_URL ?=
 
 export HF_HUB_OFFLINE ?= 1
@@ -18,7 +19,12 @@ export TOKENIZERS_PARALLELISM ?= false
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Exactly the versions of the lock; torch is its CPU build (+cpu); onnxruntime comes from the cpu extra.
+# Exactly the versions of the lock; onnxruntime comes from the cpu extra. torch: the lock pins PyPI's version
+# (torch==2.13.0), which a CPU build (2.13.0+cpu) matches too, and pip takes that build wherever one is offered:
+#   make install TORCH_INDEX_URL=<the PyTorch CPU index>   the CPU build, one 192 MB wheel
+#   make install                                           PyPI alone: its CUDA build (it runs on a CPU as well),
+#                                                          527 MB plus 2.2 GB of nvidia-* and other CUDA wheels
+# A machine whose pip configuration has the CPU wheel in a find-links folder gets the CPU build either way.
 $(INSTALLED): pyproject.toml $(LOCK) | $(VENV)/bin/python
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c $(LOCK) $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) \
@@ -27,18 +33,28 @@ $(INSTALLED): pyproject.toml $(LOCK) | $(VENV)/bin/python
 
 install: $(INSTALLED)
 
-# Re-resolves every dependency (the newest versions pyproject.toml allows) into the lock; LOCK_ARGS=--keep keeps
-# the current pins where they still apply. Then `make install test` and, for the images, `make test-container`.
+# Re-resolves every dependency (the newest versions pyproject.toml allows) into the lock, against PyPI alone (this
+# machine's pip configuration ignored, so no local build enters it); LOCK_ARGS=--keep keeps the current pins where
+# they still apply. Then `make install test` and, for the images, `make test-container`.
 lock: | $(VENV)/bin/python
 	$(PY) tools/lock.py $(LOCK_ARGS)
 
-# Builds the demo repository (one small random-weight model per task) unless every demo entry is there.
+# Builds the demo repository unless every demo entry is there: one model per task, the hub's small fine-tuned
+# checkpoints (export/demo_hub.py) where it is reachable, else random weights, said in one line. This file's
+# HF_HUB_OFFLINE=1 (tests, everything else) is dropped for it; one you set (environment or command line) is kept.
+# DEMO_SOURCE=hub|random|auto (default auto); DEMO_CHECKPOINTS='demo-ner=OWNER/REPO[@REV],...' to pick others.
+# To swap a random demo for the hub's: rm -r $(REPOSITORY)/demo-*, then make run.
+DEMO_SOURCE ?= auto
+DEMO_CHECKPOINTS ?=
+DEMO_ENV = $(if $(filter file,$(origin HF_HUB_OFFLINE)),env -u HF_HUB_OFFLINE)
 demo: $(INSTALLED)
 	@missing=0; for m in $(DEMO_MODELS); do [ -f $(REPOSITORY)/$$m/model.json ] || missing=1; done; \
-	if [ $$missing = 1 ]; then $(PY) -m export demo --repository $(REPOSITORY); \
+	if [ $$missing = 1 ]; then $(DEMO_ENV) $(PY) -m export demo --repository $(REPOSITORY) --source $(DEMO_SOURCE) \
+		$(if $(DEMO_CHECKPOINTS),--checkpoints '$(DEMO_CHECKPOINTS)'); \
 	else echo "demo repository present in $(REPOSITORY)/ ($(DEMO_MODELS))"; fi
 
-# Serves every entry of the repository on 127.0.0.1:8000 (HOST=0.0.0.0 PORT=... to change); ARGS for more settings.
+# Builds the demo if an entry is missing (above), then serves every entry of the repository on 127.0.0.1:8000
+# (HOST=0.0.0.0 PORT=... to change); ARGS for more settings.
 HOST ?= 127.0.0.1
 PORT ?= 8000
 run: demo

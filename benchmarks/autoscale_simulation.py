@@ -77,8 +77,9 @@ CANDIDATES: dict[str, Callable[[list[tuple[float, dict]], float], float]] = {
     "bertserve_queued_rows": queued_rows,
     # Little's law: request-seconds answered per second = requests in flight on average.
     "bertserve_requests_in_flight": _rate("bertserve_request_duration_seconds_sum"),
-    # Seconds the inference sessions ran per second: the engine's busy share (summed over models).
-    "bertserve_engine_busy": _rate("bertserve_inference_duration_seconds_sum"),
+    # The share of the engine's capacity in use: batch seconds a second, divided by the concurrent streams (summed
+    # over models). 1.0 is saturation whatever the stream count.
+    "bertserve_engine_busy": _rate("bertserve_engine_busy_seconds_total"),
 }
 
 

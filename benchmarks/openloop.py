@@ -28,6 +28,7 @@ class Answer:
     seconds: float  # due -> full answer read
     status: int
     retry_after: bool = False
+    queue_ms: float | None = None  # the server's x-queue-time-ms, where it sent one
 
 
 @dataclass
@@ -45,6 +46,11 @@ class OpenLoopResult:
         values = sorted(a.seconds for a in self.answers if a.status == status)
         return 1000 * values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
+    def queue_ms(self, q: float) -> float:
+        """The server's own queue time (x-queue-time-ms) of the 200s, at quantile q."""
+        values = sorted(a.queue_ms for a in self.answers if a.status == 200 and a.queue_ms is not None)
+        return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
     def probe_ms(self, name: str, q: float) -> float:
         values = sorted(self.probe_seconds.get(name, []))
         return 1000 * values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
@@ -60,7 +66,10 @@ class OpenLoopResult:
             "answered_200_per_s": round(statuses.get(200, 0) / self.seconds, 1),
             "429_with_retry_after": sum(a.retry_after for a in refused),
             "p50_ms_200": round(self.latency_ms(0.50), 1),
+            "p90_ms_200": round(self.latency_ms(0.90), 1),
             "p99_ms_200": round(self.latency_ms(0.99), 1),
+            "queue_p50_ms_200": round(self.queue_ms(0.50), 1),
+            "queue_p99_ms_200": round(self.queue_ms(0.99), 1),
             "max_ms_200": round(self.latency_ms(1.0), 1),
             "p99_ms_429": round(self.latency_ms(0.99, 429), 1),
             "probes": {
@@ -76,16 +85,16 @@ class OpenLoopResult:
         }
 
 
-async def _exchange(host: str, port: int, request: bytes) -> tuple[int, bool]:
+async def _exchange(host: str, port: int, request: bytes) -> tuple[int, bool, float | None]:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(request)
         await writer.drain()
         status_line = await reader.readline()
         if not status_line:
-            return CONNECTION_ERROR, False
+            return CONNECTION_ERROR, False, None
         status = int(status_line.split()[1])
-        length, retry_after = 0, False
+        length, retry_after, queue_ms = 0, False, None
         while (line := await reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode("latin-1").partition(":")
             name = name.strip().lower()
@@ -93,8 +102,10 @@ async def _exchange(host: str, port: int, request: bytes) -> tuple[int, bool]:
                 length = int(value)
             elif name == "retry-after":
                 retry_after = value.strip().isdigit()
+            elif name == "x-queue-time-ms":
+                queue_ms = float(value)
         await reader.readexactly(length)
-        return status, retry_after
+        return status, retry_after, queue_ms
     finally:
         writer.close()
 
@@ -108,13 +119,14 @@ def post_request(host: str, path: str, body: bytes) -> bytes:
 
 
 async def _one(host: str, port: int, request: bytes, due: float, timeout: float, result: OpenLoopResult) -> None:
+    queue_ms = None
     try:
-        status, retry_after = await asyncio.wait_for(_exchange(host, port, request), timeout)
+        status, retry_after, queue_ms = await asyncio.wait_for(_exchange(host, port, request), timeout)
     except TimeoutError:
         status, retry_after = NO_ANSWER, False
     except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
         status, retry_after = CONNECTION_ERROR, False
-    result.answers.append(Answer(due, time.perf_counter() - due, status, retry_after))
+    result.answers.append(Answer(due, time.perf_counter() - due, status, retry_after, queue_ms))
 
 
 def _probe_process(host: str, port: int, seconds: float, every_s: float, timeout: float, out) -> None:

@@ -1,6 +1,6 @@
 """Reliability benchmark: overload, soak and repository faults against a real server process. Prints figures.
 
-    python -m benchmarks.reliability overload [--factor 3] [--seconds 30] [-- SERVER FLAGS...]
+    python -m benchmarks.reliability overload [--factor 3] [--seconds 30] [--shape classify-1] [-- SERVER FLAGS...]
     python -m benchmarks.reliability soak [--minutes 30] [--fraction 0.5] [-- SERVER FLAGS...]
     python -m benchmarks.reliability faults
     python -m benchmarks.reliability hang [--fraction 0.5] [--seconds 30] [-- SERVER FLAGS...]
@@ -8,11 +8,12 @@
 
 The model is the real MiniLM SST-2 checkpoint in ../shared/models, exported (fp32) into a work folder once.
 
-- overload: measure the capacity with a closed loop (single SST-2 sentences), then an open loop at `factor` x
-  that rate for `seconds` (a new connection per request, latency from the moment it was due) while /livez is
-  probed every 100 ms; then, 5 s after the load stopped, 20 normal requests one by one. Wanted: only 200 and
-  429 (each 429 with Retry-After), admitted p99 within the queue bound, /livez p99 under 100 ms, normal
-  answers after.
+- overload: measure the capacity with a closed loop of 8 clients (requests of `--shape`, comma-separated for
+  several, each on a fresh server: classify-1, classify-16, qa-long, ner-long; benchmarks.request_shapes), then an
+  open loop at `factor` x that rate for `seconds` (a new connection per request, latency from the moment it was
+  due) while /livez is probed every 100 ms; then, 5 s after the load stopped, 20 normal requests one by one.
+  Wanted: only 200 and 429 (each 429 with Retry-After), admitted p99 within the queue bound plus one request's
+  own time alone (measured first, one request at a time), /livez p99 under 100 ms, normal answers after.
 - soak: an open loop at `fraction` x capacity for `minutes`, RSS of the server's process tree sampled every
   10 s; growth measured from the end of a warm-up minute. Wanted: no errors, RSS growth under 5%.
 - faults: for each broken repository entry (corrupt ONNX, non-JSON model.json, missing tokenizer, missing
@@ -47,17 +48,20 @@ from benchmarks.loadclient import run_load
 from benchmarks.openloop import OpenLoopResult, open_loop, post_request
 from benchmarks.process_cpu import process_tree, role_of
 from benchmarks.reports import write_report
+from benchmarks.request_shapes import SHAPES
+from service.settings import Settings
 from tests.harness.serving import ROOT, ServiceProcess, free_port, start_service
 
 CHECKPOINT = "minilm-bert-sst2"
 PATH = f"/v1/models/{CHECKPOINT}/classify"
 
 
-def exported_repository(workdir: Path) -> Path:
-    repository = workdir / "models"
-    if not (repository / CHECKPOINT / "model.json").exists():
-        checkpoint = realdata.SHARED / "models" / CHECKPOINT
-        flags = ["--name", CHECKPOINT, "--repository", str(repository), "--variants", "fp32", "--quiet"]
+def exported_repository(workdir: Path, checkpoint_name: str = CHECKPOINT) -> Path:
+    """A repository of `checkpoint_name` alone (fp32), exported once into the work folder."""
+    repository = workdir / f"models-{checkpoint_name}"
+    if not (repository / checkpoint_name / "model.json").exists():
+        checkpoint = realdata.SHARED / "models" / checkpoint_name
+        flags = ["--name", checkpoint_name, "--repository", str(repository), "--variants", "fp32", "--quiet"]
         subprocess.run(
             [sys.executable, "-m", "export", str(checkpoint), *flags],
             check=True,
@@ -75,7 +79,7 @@ def capacity(server: ServiceProcess, texts: list[str], seconds: float = 10.0) ->
     """Requests a second the server answers to a closed loop of 8 clients sending one sentence each."""
     run_load(server.url, PATH, [{"inputs": [t]} for t in texts[:64]], [1] * 64, clients=8, seconds=3)  # warm
     result = run_load(server.url, PATH, [{"inputs": [t]} for t in texts], [1] * len(texts), clients=8, seconds=seconds)
-    return result.requests_per_s
+    return result.sequences_per_s  # answered (200) requests: one sentence each
 
 
 def rss_tree_mb(pid: int) -> float:
@@ -94,35 +98,84 @@ def rss_tree_mb(pid: int) -> float:
     return total / 1024
 
 
-def normal_after(server: ServiceProcess, texts: list[str], count: int = 20) -> dict:
+def normal_after(server: ServiceProcess, path: str, bodies: list[dict], count: int = 20) -> dict:
     statuses, latencies = [], []
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        for text in texts[:count]:
+        for body in bodies[:count]:
             started = time.perf_counter()
-            statuses.append(client.post(PATH, json={"inputs": [text]}).status_code)
+            statuses.append(client.post(path, json=body).status_code)
             latencies.append(time.perf_counter() - started)
     return {"all_200": all(s == 200 for s in statuses), "max_ms": round(1000 * max(latencies), 1)}
 
 
-def overload(workdir: Path, factor: float, seconds: float, server_args: list[str]) -> dict:
-    repository = exported_repository(workdir)
-    texts = sentences()
-    log_path = workdir / "overload-server.log"
+def alone_ms(server: ServiceProcess, path: str, bodies: list[dict], count: int = 20) -> float:
+    """One request's own time, with nothing else in flight: the median of `count` sent one by one."""
+    times = []
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for body in bodies[:count]:
+            started = time.perf_counter()
+            client.post(path, json=body).raise_for_status()
+            times.append(time.perf_counter() - started)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
+def overload(workdir: Path, factor: float, seconds: float, server_args: list[str], shape_name: str) -> dict:
+    shape = SHAPES[shape_name]
+    repository = exported_repository(workdir, shape.checkpoint)
+    bodies = shape.bodies()
+    path = shape.path()
+    log_path = workdir / f"overload-{shape.name}-server.log"
     probe_port = free_port()
     server = start_service(repository, "--probe-port", str(probe_port), *server_args, log_path=log_path)
     try:
-        rate = capacity(server, texts)
-        print(f"capacity (closed loop, 8 clients): {rate:.0f} requests/s; open loop at {rate * factor:.0f}/s")
+        own_ms = alone_ms(server, path, bodies)
+        sizes = [shape.rows_per_request()] * len(bodies)
+        run_load(server.url, path, bodies[:64], sizes[:64], clients=8, seconds=3)  # warm
+        # answered (200) requests a second: a closed loop that meets 429s retries at once, and those are no capacity
+        rate = run_load(server.url, path, bodies, sizes, clients=8, seconds=10).sequences_per_s / sizes[0]
+        print(
+            f"{shape.name}: alone {own_ms:.0f} ms; capacity (closed loop, 8 clients) {rate:.1f} requests/s; "
+            f"open loop at {rate * factor:.1f}/s",
+            flush=True,
+        )
         host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
-        requests = [post_request(host, PATH, json.dumps({"inputs": [t]}).encode()) for t in texts]
+        requests = [post_request(host, path, json.dumps(body).encode()) for body in bodies]
         result = asyncio.run(open_loop(host, port, requests, rate * factor, seconds, probe_port=probe_port))
-        summary = {"capacity_per_s": round(rate, 1), "server_args": server_args, **result.summary()}
+        summary = {
+            "shape": shape.name,
+            "factor": factor,
+            "capacity_per_s": round(rate, 1),
+            "alone_ms": round(own_ms, 1),
+            "server_args": server_args,
+            **result.summary(),
+        }
         time.sleep(5)
-        summary["after_5_s"] = normal_after(server, texts)
+        summary["after_5_s"] = normal_after(server, path, bodies)
         summary["server_alive"] = server.process.poll() is None
     finally:
         server.stop()
     return summary
+
+
+def overload_table(rows: list[dict], max_queue_s: float) -> str:
+    """The README's table: per shape and factor, what was admitted and how long it took, against the promise."""
+    lines = [
+        "| shape | offered/s (x capacity) | 200 | 429 | other | admitted p50 / p90 / p99 s | queue p50 / p99 ms | "
+        "alone ms | bound + alone s | p99 within |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        statuses = {int(k): v for k, v in row["statuses"].items()}
+        other = sum(v for k, v in statuses.items() if k not in (200, 429))
+        promise_s = max_queue_s + row["alone_ms"] / 1000
+        p99_s = row["p99_ms_200"] / 1000
+        lines.append(
+            f"| {row['shape']} | {row['offered_per_s']:.1f} ({row['factor']:g}x) | {statuses.get(200, 0)} | "
+            f"{statuses.get(429, 0)} | {other} | {row['p50_ms_200'] / 1000:.2f} / {row['p90_ms_200'] / 1000:.2f} / "
+            f"{p99_s:.2f} | {row['queue_p50_ms_200']:.0f} / {row['queue_p99_ms_200']:.0f} | {row['alone_ms']:.0f} | "
+            f"{promise_s:.2f} | {'yes' if p99_s <= promise_s else 'NO'} |"
+        )
+    return "\n".join(lines)
 
 
 def hang(workdir: Path, fraction: float, seconds: float, server_args: list[str]) -> dict:
@@ -312,7 +365,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], epilog="flags after -- go to python -m service (overload, hang, soak)"
     )
     parser.add_argument("phase", choices=["overload", "soak", "faults", "hang", "all"])
-    parser.add_argument("--factor", type=float, default=3.0, help="overload: offered load / capacity")
+    parser.add_argument(
+        "--factor", default="3", help="overload: offered load / capacity (comma-separated for several, e.g. 1.5,3)"
+    )
+    parser.add_argument(
+        "--shape",
+        default="classify-1",
+        help=f"overload: request shapes, comma-separated ({', '.join(SHAPES)}; benchmarks.request_shapes)",
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="overload, hang: length of the open loop")
     parser.add_argument("--minutes", type=float, default=30.0, help="soak: length")
     parser.add_argument("--fraction", type=float, default=0.5, help="soak, hang: offered load / capacity")
@@ -322,13 +382,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def queue_bound(server_args: list[str]) -> float:
+    """--max-queue-s as the server runs with it (its default where not given)."""
+    if "--max-queue-s" in server_args:
+        return float(server_args[server_args.index("--max-queue-s") + 1])
+    return float(Settings.model_fields["max_queue_s"].default)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     report: dict = {}
     if args.phase in ("overload", "all"):
-        report["overload"] = overload(args.workdir, args.factor, args.seconds, args.server_args)
-        print(json.dumps(report["overload"], indent=2))
+        rows = [
+            overload(args.workdir, float(factor), args.seconds, args.server_args, shape)
+            for shape in args.shape.split(",")
+            for factor in args.factor.split(",")
+        ]
+        report["overload"] = rows
+        print(json.dumps(rows, indent=2))
+        print(overload_table(rows, queue_bound(args.server_args)))
     if args.phase in ("faults", "all"):
         report["faults"] = faults(args.workdir)
     if args.phase in ("hang", "all"):

@@ -13,7 +13,8 @@ from export.errors import ExportError
 
 DESCRIPTION = """Export a fine-tuned BERT, RoBERTa, ALBERT or DistilBERT checkpoint (sequence classification,
 token classification or question answering) to a validated, optimized ONNX model-repository entry.
-`python -m export demo` builds the demo repository instead (small random-weight models, one per task)."""
+`python -m export demo` builds the demo repository instead, one model per task: small public fine-tuned
+checkpoints from the Hugging Face hub where it is reachable, else small random-weight models (it says so)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-length", type=int, default=None, help="longest input in tokens (default: the model's)")
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default 17)")
+    parser.add_argument(
+        "--source",
+        choices=["auto", "hub", "random"],
+        default=None,
+        help="demo only: the hub's fine-tuned checkpoints, random weights, or auto (default): the hub unless "
+        "HF_HUB_OFFLINE is set or it cannot be reached, then random",
+    )
+    parser.add_argument(
+        "--checkpoints",
+        default=None,
+        metavar="NAME=OWNER/REPO[@REV],...",
+        help="demo only: hub checkpoints to use for entries, over the defaults (export/demo_hub.py HUB_CHECKPOINTS)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     return parser
 
@@ -61,12 +75,26 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_libraries()
     progress = (lambda _: None) if args.quiet else (lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    notice = None
     try:
         if args.checkpoint == "demo":
-            from export.demo import build_demo_repository
+            from export.demo import build_demo
 
-            results = build_demo_repository(args.repository, progress=progress)
+            if args.quiet:
+                from huggingface_hub.utils import disable_progress_bars
+
+                disable_progress_bars()
+            demo = build_demo(
+                args.repository,
+                source=args.source or "auto",
+                checkpoints=args.checkpoints,
+                variants=args.variants,
+                progress=progress,
+            )
+            results, notice = demo.results, demo.notice
         else:
+            if args.source is not None or args.checkpoints is not None:
+                raise ExportError("--source and --checkpoints are for `python -m export demo`")
             if not args.name:
                 raise ExportError("--name is required: the name the model is served under")
             from export.graph import DEFAULT_OPSET
@@ -101,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for result in results:
         print(summary(result))
+    if notice:  # last, so that it is the line a user sees before the server's
+        print(f"note: {notice}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +91,10 @@ def export_checkpoint(
     eval_limit: int | None = None,
     max_accuracy_loss: float = DEFAULT_MAX_LOSS,
     calibration: Path | None = None,
+    source_info: Mapping[str, Any] | None = None,
 ) -> ExportResult:
+    """source_info: what the caller knows of where the checkpoint came from (the demo's hub id and commit),
+    recorded in model.json's `source` over what the loader found."""
     started = time.perf_counter()
     check_name(name)
     wanted = parse_variants(variants)
@@ -140,6 +143,7 @@ def export_checkpoint(
         tokenizer_info = _save_tokenizer(checkpoint, staging)
         seconds = time.perf_counter() - started
         config = _entry_config(checkpoint, name, demo, opset, variant_entries, tokenizer_info, seconds)
+        config["source"] = {**config["source"], **(source_info or {})}
         if eval_set is not None:
             config["evaluation"] = {
                 "data": str(eval_set.path),

@@ -85,6 +85,13 @@ class Metrics:
         self.real_tokens = Counter(
             "bertserve_batch_real_tokens", "Real (unpadded) tokens run, summed over batches.", ["model"], registry=r
         )
+        self.busy = Counter(
+            "bertserve_engine_busy_seconds",
+            "Batch run time divided by the model's concurrent streams: its rate is the share of the engine's capacity "
+            "in use (1.0 = every stream busy all the time, whatever the stream count); the autoscaling metric.",
+            ["model"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "bertserve_queue_depth",
             "Rows waiting in the batch queue.",
@@ -144,8 +151,8 @@ class Metrics:
         directory = os.environ.get(MULTIPROCESS_DIR)
         return merged_exposition(directory) if directory else generate_latest(self.registry)
 
-    def observer(self, model: str) -> ModelObserver:
-        return ModelObserver(self, model)
+    def observer(self, model: str, streams: int = 1) -> ModelObserver:
+        return ModelObserver(self, model, streams)
 
 
 def forget(gauge: Gauge, *labels: str) -> None:
@@ -168,7 +175,9 @@ def merged_exposition(directory: str) -> bytes:
 class ModelObserver:
     """The batcher's view of the metrics for one model."""
 
-    def __init__(self, metrics: Metrics, model: str) -> None:
+    def __init__(self, metrics: Metrics, model: str, streams: int = 1) -> None:
+        self._streams = max(1, streams)
+        self._busy = metrics.busy.labels(model)
         self._inference = metrics.inference_duration.labels(model)
         self._size = metrics.batch_size.labels(model)
         self._tokens = metrics.batch_tokens.labels(model)
@@ -179,6 +188,7 @@ class ModelObserver:
 
     def on_batch(self, rows: int, padded_tokens: int, real_tokens: int, seconds: float) -> None:
         self._inference.observe(seconds)
+        self._busy.inc(seconds / self._streams)
         self._size.observe(rows)
         self._tokens.observe(padded_tokens)
         self._ratio.observe(padded_tokens / max(real_tokens, 1))

@@ -355,9 +355,9 @@ class Settings(BaseSettings):
         configure_logging(self.log_level, self.access_log)
 
     @property
-    def admission_floor(self) -> int:
-        """Requests always admitted at once, whatever the measured rate: enough for one full batch."""
-        return max(8, self.max_batch_size)
+    def admission_floor_tokens(self) -> int:
+        """Tokens admitted at once where no rate is measured yet (a cold or idle server): one full batch."""
+        return self.max_batch_tokens
 
     @property
     def frontend_count(self) -> int:

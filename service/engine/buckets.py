@@ -7,11 +7,12 @@ the grid once before the server says ready, turns those costs into start-up time
 
 Rows go to the next power of two up to 32, then to the next multiple of 32 (the largest bucket is `max_rows`).
 Widths are multiples of `width_step` up to 8 steps, then the step doubles every 8 widths (step 8: 8, 16, ..., 64,
-80, ..., 128, 160, ..., 256, 320, ..., 512; the largest is `max_width`): a batch pays at most a quarter more than
-its longest row above the first step, where a fixed step of 16 made a batch of 17-token rows pay for 32 (measured:
-padded / real tokens 1.89 with the fixed step, on SST-2-like lengths at saturation). Only shapes whose padded
-tokens fit `max_tokens` are in the grid: the batcher's budget is checked against the bucket's padded cost, so a
-batch never needs a shape outside it.
+80, ..., 128, 160, ..., 256, 320, ..., 512; the largest is `max_width`): a batch's width is less than one step over
+its longest row up to 8 steps (9 -> 16 is +78%, 17 -> 24 +41%), then less than a quarter over it, where a fixed step
+of 16 made a batch of 17-token rows pay for 32 (measured: padded / real tokens 1.89 with the fixed step, on
+SST-2-like lengths at saturation). Rows pay up to twice over (17 -> 32), and the two multiply: docs/serving.md.
+Only shapes whose padded tokens fit `max_tokens` are in the grid: the batcher's budget is checked against the
+bucket's padded cost, so a batch never needs a shape outside it.
 
 Lookups are table reads: the batcher asks for the cost of a candidate batch once per row it considers.
 """

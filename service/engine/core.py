@@ -167,7 +167,7 @@ class EngineCore:
             max_queue_rows=self.settings.max_queue_rows,
             max_queue_s=self.settings.max_queue_s,
             max_padding_ratio=self._padding_ratio(runtime),
-            observer=self.metrics.observer(name),
+            observer=self.metrics.observer(name, runtime.streams),
             streams=runtime.streams,
         )
 

@@ -199,11 +199,13 @@ class RequestPipeline:
             raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
 
     async def _run(self, model: ServedModel, rows: list[Row], ticket: Ticket, timings: Timings) -> list[Any]:
+        tokens = sum(len(row) for row in rows)
+        ticket.charge(tokens)
         self.memory.begin()
         try:
             outputs = await self.engine.infer(model.target, rows, ticket)
         finally:
-            self.memory.end(large=sum(len(row) for row in rows) >= self.settings.release_memory_min_tokens)
+            self.memory.end(large=tokens >= self.settings.release_memory_min_tokens)
         timings.queue_s = ticket.queue_seconds
         timings.inference_s = ticket.inference_seconds
         timings.inference_calls = ticket.inference_calls

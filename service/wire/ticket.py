@@ -20,6 +20,7 @@ class Ticket:
     inference_calls: int = 0
     on_cancel: list[Callable[[], None]] = field(default_factory=list)
     on_done: list[Callable[[], None]] = field(default_factory=list)  # at `done()`: the request is over
+    on_charge: list[Callable[[int], None]] = field(default_factory=list)  # told the request's tokens, once known
     request_id: str | None = None  # the HTTP request's x-request-id, for the log lines about its rows
 
     @classmethod
@@ -38,3 +39,8 @@ class Ticket:
             self.cancelled = True
             for callback in self.on_cancel:
                 callback()
+
+    def charge(self, tokens: int) -> None:
+        """The request's real work, once tokenized (every row it sends the engine): for the admission gate."""
+        for callback in self.on_charge:
+            callback(tokens)

@@ -150,14 +150,15 @@ def torch_version() -> str:
 
 
 def local_torch_wheel_dir(workdir: Path) -> tuple[Path | None, str]:
-    """A directory holding only the torch wheel the export stage pins, when this machine has one.
+    """A directory holding only the CPU build of the torch the lock pins (X+cpu for the lock's torch==X), when this
+    machine has one.
 
     TORCH_WHEELS (a directory) wins; TORCH_WHEELS= (empty) means "use the index". Otherwise the directories pip is
     configured to find links in (pip config, PIP_FIND_LINKS) are searched: that is where a machine that cannot
     reach the PyTorch CPU index keeps the CPU wheel.
     """
     version = torch_version()
-    pattern = f"torch-{version}-cp311-cp311-*.whl"
+    pattern = f"torch-{version}+cpu-cp311-cp311-*.whl"
     if "TORCH_WHEELS" in os.environ:
         dirs = [os.environ["TORCH_WHEELS"]] if os.environ["TORCH_WHEELS"] else []
         origin = "TORCH_WHEELS"
@@ -184,7 +185,7 @@ def local_torch_wheel_dir(workdir: Path) -> tuple[Path | None, str]:
             except OSError:
                 shutil.copy2(wheel, target / wheel.name)
             return target, f"{wheel} (from {origin})"
-    return None, f"none found for {version}: the export stage installs torch from TORCH_INDEX_URL"
+    return None, f"none found for {version}+cpu: the export stage installs torch from TORCH_INDEX_URL"
 
 
 def build(target: str, tag: str, log_dir: Path, extra: list[str] | None = None) -> None:
@@ -331,18 +332,20 @@ def check_endpoints(port: int, expect_demo: bool = True) -> str:
     return "probes, models, classify/ner/qa, 400/404/422, openapi, docs"
 
 
-# Run inside an image: every installed package is the lock's version (argv[1]: the pins as JSON), bertserve's own
-# requirements (base + the extras in argv[2:]) are installed at matching versions, and whether torch is there.
+# Run inside an image: every installed package is the lock's version (argv[1]: the pins as JSON; PEP 440's `==`, so
+# the export image's torch 2.13.0+cpu meets the lock's torch==2.13.0), bertserve's own requirements (base + the
+# extras in argv[2:]) are installed at matching versions, and whether torch is there.
 REQUIREMENTS_CHECK = """
 import importlib.util, json, sys
 from importlib.metadata import PackageNotFoundError, distributions, requires, version
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 bad = []
 pins = {canonicalize_name(name): pinned for name, pinned in json.loads(sys.argv[1]).items()}
 for dist in distributions():
     name = canonicalize_name(dist.metadata["Name"])
-    if name != "bertserve" and pins.get(name) != dist.version:
+    if name != "bertserve" and (name not in pins or not SpecifierSet("==" + pins[name]).contains(dist.version, True)):
         bad.append(f"{name}=={dist.version} (the lock: {pins.get(name, 'not pinned')})")
 for line in requires("bertserve"):
     req = Requirement(line)

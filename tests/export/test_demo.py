@@ -1,4 +1,5 @@
-"""`python -m export demo`: one small model per task, real tokenizer, marked as demo, fused and validated."""
+"""`python -m export demo` offline: one small random-weight model per task, real tokenizer, marked as demo, fused and
+validated, and one line saying so. The hub path: test_demo_hub.py."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ from export.repository import read_config
 
 
 def test_demo_repository(tmp_path: Path, capsys) -> None:
-    assert main(["demo", "--repository", str(tmp_path), "--quiet"]) == 0
-    assert "[demo]" in capsys.readouterr().out
+    assert main(["demo", "--repository", str(tmp_path), "--quiet"]) == 0  # offline: tests/conftest.py
+    out, err = capsys.readouterr()
+    assert "[demo]" in out
+    assert err.strip().splitlines() == [
+        f"note: HF_HUB_OFFLINE is set: built the random-weight demo (its answers are not meaningful); online, "
+        f"`python -m export demo --repository {tmp_path}` fetches real ones from the hub, "
+        "or export your own checkpoint: `python -m export CHECKPOINT --name NAME`"
+    ]
     configs = {entry.name: read_config(entry) for entry in sorted(tmp_path.iterdir())}
     assert {config["task"] for config in configs.values()} == {"classification", "ner", "qa"}
     assert {config["model_type"] for config in configs.values()} >= {"bert", "distilbert", "albert"}

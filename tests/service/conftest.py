@@ -55,7 +55,7 @@ def real_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from benchmarks.realdata import SHARED
 
     repository = tmp_path_factory.mktemp("real-repository")
-    for name in ("minilm-bert-sst2", "minilm-bert-conll03", "minilm-distilbert-sst2"):
+    for name in ("minilm-bert-sst2", "minilm-bert-conll03", "minilm-distilbert-sst2", "minilm-bert-squad"):
         export_checkpoint(str(SHARED / "models" / name), name, repository, variants="fp32")
     return repository
 

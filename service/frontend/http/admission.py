@@ -1,12 +1,16 @@
 """Admission by time: refuse new work (429) once the work already admitted would take longer than a bound.
 
-A queue bounded by a count (rows, requests) holds more or less time depending on the model and the machine: 2,048
-rows of MiniLM on 2 cores were 20 s, as long as the whole request deadline. Bounded in time, a request is either
-answered within about the bound or refused at once, where the client can retry elsewhere.
+A queue bounded by a count (rows, requests) holds more or less time depending on the model, the request and the
+machine: 2,048 rows of MiniLM on 2 cores were 20 s, as long as the whole request deadline; 32 requests of a long QA
+context (3 windows of 384 tokens each) were 4 s where 32 single sentences were 50 ms. Bounded in time, a request
+is either answered within about the bound or refused at once, where the client can retry elsewhere.
 
-`AdmissionGate` is the front door of each HTTP process: by Little's law, requests in flight / the rate at which
-the server has been finishing them is the time a new request should expect to spend. It knows nothing of HTTP.
-The batcher bounds its own queue in time the same way, from its measured cost per token (service.engine.batcher).
+`AdmissionGate` is the front door of each front-end process. It counts work in tokens: by Little's law, the tokens
+in flight / the tokens per second the server has been finishing is the time a new request should expect to spend.
+At the door, before the body is read, a request's tokens are estimated from its size (`estimate_tokens`); once it
+is tokenized it is charged what it really is (`Admission.charge`: every row, every window). It knows nothing of
+HTTP. The batcher bounds its own queue in time the same way, from its measured cost per token
+(service.engine.batcher).
 """
 
 from __future__ import annotations
@@ -16,65 +20,126 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+SCOPE_ADMISSION = "bertserve.admission"  # where an admitted request's Admission rides in the ASGI scope
 TAIL_FACTOR = 0.4  # the mean wait aimed at, as a share of the bound (see AdmissionGate.limit)
+# A request body's bytes per token, for the estimate at the door: English WordPiece and BPE give ~4 characters a
+# token (measured: SST-2 sentences 4.3, SQuAD contexts 4.6 with MiniLM's vocabulary), JSON adds a few bytes a
+# request. The estimate is replaced by the real count as soon as the request is tokenized.
+BYTES_PER_TOKEN = 4.0
+MIN_ESTIMATE = 8.0  # the least a request is taken to cost at the door (special tokens, a short text)
+
+
+def estimate_tokens(body_bytes: int | None, recent_mean: float) -> float:
+    """A request's tokens before its body is read: from its declared size, or, without one (a chunked body), the
+    mean of recent requests."""
+    if body_bytes is None:
+        return max(MIN_ESTIMATE, recent_mean)
+    return max(MIN_ESTIMATE, body_bytes / BYTES_PER_TOKEN)
+
+
+class Admission:
+    """One admitted request's share of the gate: its work in tokens, estimated at the door, charged once known."""
+
+    def __init__(self, gate: AdmissionGate, tokens: float) -> None:
+        self._gate = gate
+        self.tokens = tokens
+        self.charged = False
+        self._left = False
+
+    def charge(self, tokens: int) -> None:
+        """The request's real work, once tokenized: every row it sends to the engine."""
+        if self._left:
+            return
+        self._gate.tokens_in_flight += tokens - self.tokens
+        self.tokens, self.charged = float(tokens), True
+
+    def leave(self, completed: bool) -> None:
+        """The request is over; `completed`: it was answered (its work counts in the rate)."""
+        if not self._left:
+            self._left = True
+            self._gate.leave(self.tokens, completed and self.charged)
 
 
 class AdmissionGate:
-    """Admit while in flight / recent completion rate <= 0.4 x `max_queue_s`; always admit `min_in_flight`.
+    """Admit while tokens in flight / recent tokens finished a second <= 0.4 x `max_queue_s`.
 
-    The completion rate is the mean of the last `history` whole seconds: under overload, what the server can do
-    (a mean, not the best second: an overestimate would admit more than the bound holds). `min_in_flight` lets
-    a cold or idle server, which has no rate yet, learn one."""
+    The rate is the mean of the last `history` whole seconds: under overload, what the server can do (a mean, not the
+    best second: an overestimate would admit more than the bound holds). Where no rate is known (a cold or idle
+    server), up to `floor_tokens` are admitted, so that the server learns one; once it is known, the rate alone sets
+    the limit, whatever the floor: a model and request shape that finish few tokens a second get few in flight.
+    A request is always admitted while nothing is in flight: it cannot be answered sooner by waiting."""
 
     def __init__(
         self,
         max_queue_s: float,
-        min_in_flight: int,
+        floor_tokens: int,
         history: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_queue_s = max_queue_s
-        self.min_in_flight = min_in_flight
-        self.in_flight = 0
+        self.floor_tokens = floor_tokens
+        self.in_flight = 0  # requests
+        self.tokens_in_flight = 0.0
+        self.mean_request_tokens = MIN_ESTIMATE  # of recent completed requests (an exponential mean)
         self._clock = clock
         self._second = math.floor(clock())
-        self._current = 0  # completions in the current second
-        self._past: deque[int] = deque(maxlen=history)  # completions in each of the last whole seconds
+        self._current = 0.0  # tokens finished in the current second
+        self._past: deque[float] = deque(maxlen=history)  # tokens finished in each of the last whole seconds
 
     def rate(self) -> float:
-        """Completions per second over the last whole seconds (or the current one, while there are none)."""
+        """Tokens finished a second over the last whole seconds (or the current one, while there are none)."""
         self._roll()
         if not self._past:
-            return float(self._current)
+            return self._current
         return sum(self._past) / len(self._past)
 
-    def limit(self) -> int:
-        """Most requests in flight at once now: those the recent rate answers in 40% of the bound. Little's law
-        gives the mean time in the server; the slowest admitted requests (p99, measured on 2 cores, open-loop
-        overload at 3x) took 2.3x the median, so 40% keeps them, not only the average, within the bound."""
-        return max(self.min_in_flight, int(self.rate() * self.max_queue_s * TAIL_FACTOR))
+    def limit(self) -> float:
+        """Most tokens in flight at once now: what the recent rate finishes in 40% of the bound. Little's law gives
+        the mean time in the server; the slowest admitted requests (p99, measured on 2 cores, open-loop overload at
+        3x) took 2.3x the median, so 40% keeps them, not only the average, within the bound."""
+        rate = self.rate()
+        if rate <= 0:
+            return float(self.floor_tokens)
+        return rate * self.max_queue_s * TAIL_FACTOR
 
-    def try_enter(self) -> bool:
-        if self.in_flight >= self.limit():
-            return False
+    def try_enter(self, tokens: float) -> Admission | None:
+        if self.in_flight and self.tokens_in_flight + tokens > self.limit():
+            return None
         self.in_flight += 1
-        return True
+        self.tokens_in_flight += tokens
+        return Admission(self, tokens)
 
-    def leave(self, completed: bool) -> None:
-        """A request admitted earlier is over; `completed`: it was answered (its work counts in the rate)."""
+    def leave(self, tokens: float, completed: bool) -> None:
         self.in_flight -= 1
+        self.tokens_in_flight = max(0.0, self.tokens_in_flight - tokens) if self.in_flight else 0.0
         if completed:
             self._roll()
-            self._current += 1
+            self._current += tokens
+            self.mean_request_tokens += 0.1 * (tokens - self.mean_request_tokens)
 
-    def expected_wait_s(self) -> float:
-        """Mean time the requests in flight now should take (Little's law)."""
+    def expected_wait_s(self) -> float | None:
+        """Mean time the work in flight now should take (Little's law); None before a rate is measured."""
         rate = self.rate()
-        return self.in_flight / rate if rate else self.max_queue_s
+        return self.tokens_in_flight / rate if rate else None
 
     def retry_after_s(self) -> int:
-        """A hint for the client: about when the work in flight now will be done."""
-        return max(1, min(30, math.ceil(self.expected_wait_s())))
+        """A hint for the client: about when the work in flight now will be done (1 s where no rate is known yet:
+        one is, a second from now)."""
+        wait = self.expected_wait_s()
+        return 1 if wait is None else max(1, min(30, math.ceil(wait)))
+
+    def refusal(self) -> str:
+        """Why a request is refused now, for the 429's message."""
+        wait = self.expected_wait_s()
+        if wait is None:
+            return (
+                f"the server is at capacity: {self.in_flight} requests in flight, {self.tokens_in_flight:.0f} tokens, "
+                f"the most it admits before it has measured its speed (a cold or idle server); retry shortly"
+            )
+        return (
+            f"the server is at capacity: {self.in_flight} requests in flight, about {wait:.1f} s of work, would "
+            f"leave a new one no chance to be answered within --max-queue-s {self.max_queue_s:g}; retry shortly"
+        )
 
     def _roll(self) -> None:
         now = math.floor(self._clock())
@@ -82,5 +147,5 @@ class AdmissionGate:
             return
         self._past.append(self._current)
         for _ in range(min(now - self._second - 1, self._past.maxlen or 0)):
-            self._past.append(0)  # whole seconds with no completion
-        self._second, self._current = now, 0
+            self._past.append(0.0)  # whole seconds with nothing finished
+        self._second, self._current = now, 0.0

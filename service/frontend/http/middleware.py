@@ -14,7 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from service.errors import Overloaded, PayloadTooLarge, UnsupportedMediaType
-from service.frontend.http.admission import AdmissionGate
+from service.frontend.http.admission import SCOPE_ADMISSION, AdmissionGate, estimate_tokens
 from service.frontend.http.errors import error_response, send_error
 from service.logs import (
     REQUEST_ID,
@@ -91,7 +91,9 @@ class JsonOnlyMiddleware:
 
 
 class AdmissionMiddleware:
-    """429 at once, before the body is read or tokenized, for inference requests the gate does not admit."""
+    """429 at once, before the body is read or tokenized, for inference requests the gate does not admit. The
+    admitted request's share (`admission.Admission`) rides in the scope (SCOPE_ADMISSION): the route charges it
+    the request's real tokens once tokenized."""
 
     def __init__(self, app: ASGIApp, gate: AdmissionGate, on_refused: Callable[[], None] | None = None) -> None:
         self.app = app
@@ -103,20 +105,28 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         gate = self.gate
-        if not gate.try_enter():
+        admission = gate.try_enter(estimate_tokens(declared_length(scope), gate.mean_request_tokens))
+        if admission is None:
             self.on_refused()
-            wait = gate.expected_wait_s()
-            message = (
-                f"the server is at capacity: {gate.in_flight} requests in flight, about {wait:.1f} s of work, would "
-                f"leave a new one no chance to be answered within --max-queue-s {gate.max_queue_s:g}; retry shortly"
-            )
-            await send_error(send, Overloaded(message, retry_after_s=gate.retry_after_s()))
+            await send_error(send, Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s()))
             return
+        scope[SCOPE_ADMISSION] = admission
         sent = StatusRecorder(send)
         try:
             await self.app(scope, receive, sent)
         finally:
-            gate.leave(completed=200 <= sent.status < 300)
+            admission.leave(completed=200 <= sent.status < 300)
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The body's Content-Length, where the request declares one."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 class BodyLimitMiddleware:

@@ -12,7 +12,7 @@ from pathlib import Path
 from service.frontend.http.app import create_app
 from service.settings import Settings
 
-DEFAULT_PATH = Path(__file__).resolve().parents[1] / "docs" / "openapi.json"
+DEFAULT_PATH = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
 
 
 def schema_text() -> str:

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from service.errors import BadRequest, InvalidInput, NotReady
 from service.frontend.http import schemas
+from service.frontend.http.admission import SCOPE_ADMISSION
 from service.frontend.http.errors import EMPTY_BODY, INVALID_JSON
 from service.frontend.http.state import ServerState
 from service.frontend.pipeline import RequestPipeline, Timings
@@ -226,6 +227,8 @@ async def admitted(request: Request) -> AsyncIterator[Ticket]:
         raise NotReady("the server is shutting down")
     ticket = Ticket.with_timeout(server.settings.request_timeout_s, request_id=REQUEST_ID.get())
     ticket.started = time.perf_counter()
+    if (admission := request.scope.get(SCOPE_ADMISSION)) is not None:
+        ticket.on_charge.append(admission.charge)
     watcher = asyncio.create_task(_watch_disconnect(request, ticket))
     try:
         yield ticket

@@ -111,6 +111,12 @@ class QaResponse(BaseModel):
     results: list[list[Answer]]
 
 
+class ShapeInfo(BaseModel):
+    buckets: int = Field(description="padded (rows, width) shapes the engine runs batches at; 0: exact shapes (CPU)")
+    warmed: int = Field(description="shapes run once at warm-up (every bucket where there are buckets)")
+    cuda_graphs: bool = Field(description="a CUDA graph is captured per bucket (--cuda-graphs)")
+
+
 class ModelInfo(BaseModel):
     name: str
     status: Literal["loading", "checking", "ready", "failed", "unloading"] = Field(
@@ -137,6 +143,7 @@ class ModelInfo(BaseModel):
     note: str | None = None
     demo: bool = False
     max_length: int | None = None
+    shapes: ShapeInfo | None = Field(None, description="the engine's shape buckets, once the model is loaded")
     limits: dict[str, int | float | str]
 
 

@@ -41,7 +41,7 @@ class ServerState:
         self.registry = ModelRegistry(settings, self.metrics, self.engine)
         self.executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
         self.pipeline = RequestPipeline(settings, self.registry, self.engine, self.executor, self.metrics)
-        self.admission = AdmissionGate(settings.max_queue_s, settings.admission_floor)
+        self.admission = AdmissionGate(settings.max_queue_s, settings.admission_floor_tokens)
         self.draining = False
         self._last_verdict: Verdict | None = None
         self.on_readiness_change: Callable[[Verdict], None] = lambda verdict: None
@@ -154,6 +154,7 @@ class ServerState:
             "note": engine.get("note"),
             "demo": bool(config and config.demo),
             "max_length": config.max_length if config else None,
+            "shapes": _shapes(engine),
             "limits": {
                 "max_inputs_per_request": s.max_inputs_per_request,
                 "max_chars_per_input": s.max_chars_per_input,
@@ -173,3 +174,14 @@ def _variant_accuracy(config: ModelConfig | None, variant: str | None) -> dict[s
     if config is None or variant is None or variant not in config.variants:
         return None
     return config.variants[variant].get("accuracy")
+
+
+def _shapes(engine: dict[str, Any]) -> dict[str, Any] | None:
+    """The engine's shape buckets as it reported them; None before it has."""
+    if "shape_buckets" not in engine:
+        return None
+    return {
+        "buckets": engine["shape_buckets"],
+        "warmed": engine.get("warmed_shapes", 0),
+        "cuda_graphs": bool(engine.get("cuda_graphs")),
+    }

@@ -80,9 +80,9 @@ def test_results_of_every_shape_decode_as_sent_one_after_another() -> None:
         {},
     ]
     data = b"".join(frames.encode_result(i, i >= 3, 0.0, 0.0, 1, arrays) for i, arrays in enumerate(sent * 2))
-    frames = read_all(data)
-    assert len(frames) == 2 * len(sent)
-    for frame, arrays in zip(frames, sent * 2, strict=True):
+    found = read_all(data)
+    assert len(found) == 2 * len(sent)
+    for frame, arrays in zip(found, sent * 2, strict=True):
         assert frame.arrays.keys() == arrays.keys()
         for name, array in arrays.items():
             assert frame.arrays[name].dtype == array.dtype

@@ -1,8 +1,11 @@
-"""The admission gate alone, on a clock the test moves."""
+"""The admission gate alone, on a clock the test moves: work counted in tokens, estimated at the door, charged once
+tokenized."""
 
 from __future__ import annotations
 
-from service.frontend.http.admission import AdmissionGate
+import pytest
+
+from service.frontend.http.admission import BYTES_PER_TOKEN, MIN_ESTIMATE, AdmissionGate, estimate_tokens
 
 
 class Clock:
@@ -13,49 +16,112 @@ class Clock:
         return self.now
 
 
-def finish(gate: AdmissionGate, count: int) -> None:
+def finish(gate: AdmissionGate, count: int, tokens: int) -> None:
+    """`count` requests of `tokens` each, admitted, charged and answered."""
     for _ in range(count):
-        assert gate.try_enter()
-        gate.leave(completed=True)
+        admission = gate.try_enter(tokens)
+        assert admission is not None
+        admission.charge(tokens)
+        admission.leave(completed=True)
 
 
-def test_a_cold_gate_admits_its_floor_and_no_more() -> None:
-    gate = AdmissionGate(max_queue_s=2.0, min_in_flight=4, clock=Clock())
-    assert [gate.try_enter() for _ in range(5)] == [True] * 4 + [False]
-    assert gate.in_flight == 4
+def test_a_cold_gate_admits_its_floor_of_tokens_and_no_more() -> None:
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=1000, clock=Clock())
+    admitted = [gate.try_enter(300) for _ in range(5)]
+    assert [a is not None for a in admitted] == [True, True, True, False, False]
+    assert gate.in_flight == 3 and gate.tokens_in_flight == 900
+    assert gate.expected_wait_s() is None and gate.retry_after_s() == 1
+    assert "before it has measured its speed" in gate.refusal()
 
 
-def test_the_limit_is_the_measured_rate_times_the_bound() -> None:
+def test_one_request_is_admitted_while_nothing_is_in_flight_however_large() -> None:
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=100, clock=Clock())
+    assert gate.try_enter(50_000) is not None
+    assert gate.try_enter(1) is None
+
+
+def test_the_limit_is_the_measured_rate_of_tokens_times_the_bound() -> None:
     clock = Clock()
-    gate = AdmissionGate(max_queue_s=2.0, min_in_flight=4, clock=clock)
-    finish(gate, 50)  # 50 answered in this second
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
+    finish(gate, 50, tokens=20)  # 1,000 tokens answered in this second
     clock.now += 1
-    assert gate.rate() == 50
-    assert gate.limit() == 40  # a mean wait of 40% of the bound: the slowest stay within it
-    admitted = sum(gate.try_enter() for _ in range(150))
+    assert gate.rate() == 1000
+    assert gate.limit() == pytest.approx(800)  # a mean wait of 40% of the bound: the slowest stay within it
+    admitted = sum(gate.try_enter(20) is not None for _ in range(150))
     assert admitted == 40
-    assert gate.retry_after_s() == 1  # 40 in flight at 50/s
+    assert gate.retry_after_s() == 1  # 800 tokens in flight at 1,000 a second
 
 
-def test_failed_requests_do_not_count_as_capacity() -> None:
+def test_once_a_rate_is_known_the_floor_no_longer_admits_heavy_work() -> None:
+    """The fault of issue 30: a floor of 32 requests let 32 long QA requests (3 windows of 384 tokens, 215 ms each
+    alone) in, 4 s of work against a 2 s bound. With a rate of ~8 such requests a second, 40% of 2 s holds ~6."""
     clock = Clock()
-    gate = AdmissionGate(max_queue_s=1.0, min_in_flight=2, clock=clock)
-    for _ in range(30):
-        assert gate.try_enter()
-        gate.leave(completed=False)
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
+    qa_request = 3 * 384
+    finish(gate, 8, tokens=qa_request)
     clock.now += 1
-    assert gate.rate() == 0 and gate.limit() == 2
+    admitted = sum(gate.try_enter(qa_request) is not None for _ in range(32))
+    assert admitted == 6
+    assert gate.expected_wait_s() == pytest.approx(6 / 8)
+
+
+def test_the_estimate_at_the_door_is_replaced_by_the_charge() -> None:
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=1000, clock=clock)
+    first = gate.try_enter(estimate_tokens(400, gate.mean_request_tokens))
+    assert first is not None and first.tokens == 400 / BYTES_PER_TOKEN
+    first.charge(900)  # windows overlap: more tokens than the body's size suggested
+    assert gate.tokens_in_flight == 900
+    assert gate.try_enter(200) is None  # 900 + 200 over the floor of 1,000
+    first.leave(completed=True)
+    assert gate.in_flight == 0 and gate.tokens_in_flight == 0
+    clock.now += 1
+    assert gate.rate() == 900  # what it really cost counts in the rate, not the estimate
+
+
+def test_failed_or_uncharged_requests_do_not_count_as_capacity() -> None:
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=1.0, floor_tokens=64, clock=clock)
+    for _ in range(30):
+        admission = gate.try_enter(10)
+        assert admission is not None
+        admission.charge(10)
+        admission.leave(completed=False)
+    never_tokenized = gate.try_enter(10)
+    assert never_tokenized is not None
+    never_tokenized.leave(completed=True)  # e.g. answered before any work: no measure of the server's speed
+    clock.now += 1
+    assert gate.rate() == 0 and gate.limit() == 64
 
 
 def test_the_rate_is_the_mean_of_recent_seconds_and_an_idle_gate_forgets_it() -> None:
     clock = Clock()
-    gate = AdmissionGate(max_queue_s=1.0, min_in_flight=1, history=3, clock=clock)
+    gate = AdmissionGate(max_queue_s=1.0, floor_tokens=10, history=3, clock=clock)
     for count in (40, 20, 30):
-        finish(gate, count)
+        finish(gate, count, tokens=1)
         clock.now += 1
     assert gate.rate() == 30
-    finish(gate, 60)
+    finish(gate, 60, tokens=1)
     clock.now += 1
     assert gate.rate() == (20 + 30 + 60) / 3  # the oldest second has left the window
     clock.now += 10  # idle seconds: nothing answered
-    assert gate.rate() == 0 and gate.limit() == 1
+    assert gate.rate() == 0 and gate.limit() == 10
+
+
+def test_a_request_without_a_declared_size_is_estimated_at_the_recent_mean() -> None:
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=1.0, floor_tokens=10_000, clock=clock)
+    assert estimate_tokens(None, gate.mean_request_tokens) == MIN_ESTIMATE
+    finish(gate, 100, tokens=500)
+    assert estimate_tokens(None, gate.mean_request_tokens) == pytest.approx(500, rel=0.01)
+    assert estimate_tokens(3, gate.mean_request_tokens) == MIN_ESTIMATE
+
+
+def test_leaving_twice_or_charging_after_leaving_changes_nothing() -> None:
+    gate = AdmissionGate(max_queue_s=1.0, floor_tokens=100, clock=Clock())
+    admission = gate.try_enter(10)
+    assert admission is not None
+    admission.leave(completed=False)
+    admission.leave(completed=False)
+    admission.charge(50)
+    assert gate.in_flight == 0 and gate.tokens_in_flight == 0

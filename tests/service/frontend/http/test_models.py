@@ -172,3 +172,13 @@ def test_auto_serves_int8_measured_within_budget_and_lists_its_figures(
     assert models["unmeasured"]["variant"] == "fp32"
     assert models["unmeasured"]["variant_accuracy"] == {"measured": False, "reason": "no --eval data was given"}
     assert single["results"][0] == batched["results"][0]  # static int8: the same scores alone and in a batch
+
+
+def test_models_list_the_engines_shape_buckets(tiny_repository: Path, server_factory, tiny_server) -> None:
+    """The engine counts the shapes it warmed and whether CUDA graphs are on; /v1/models says so (it used to drop
+    the count, which the README promised)."""
+    bucketed = server_factory(tiny_repository, "--models", "bert-classification", "--shape-buckets", "on")
+    plain = {m["name"]: m for m in httpx.get(tiny_server.url + "/v1/models").json()["models"]}
+    shapes = httpx.get(bucketed.url + "/v1/models").json()["models"][0]["shapes"]
+    assert shapes["buckets"] > 1 and shapes["warmed"] == shapes["buckets"] and shapes["cuda_graphs"] is False
+    assert plain["bert-classification"]["shapes"]["buckets"] == 0  # the CPU runs exact shapes by default

@@ -1,0 +1,90 @@
+"""Request shapes for the overload benchmark: a task, the real checkpoint that serves it, and request bodies from the
+real data of ../shared. Long texts are made of consecutive real paragraphs or sentences, so that they take several
+windows as a user's long document would.
+
+- classify-1: one SST-2 sentence a request (minilm-bert-sst2);
+- classify-16: sixteen SST-2 sentences a request;
+- qa-long: a SQuAD question with its article's paragraphs joined to about 600 words (3 windows of 384 tokens,
+  minilm-bert-squad);
+- ner-long: 40 consecutive CoNLL-2003 test sentences as one text (several windows, minilm-bert-conll03).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from benchmarks import realdata
+
+QA_CONTEXT_WORDS = 600
+NER_SENTENCES = 40
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    name: str
+    checkpoint: str  # a directory of ../shared/models
+    endpoint: str  # classify, ner or qa
+
+    def path(self) -> str:
+        return f"/v1/models/{self.checkpoint}/{self.endpoint}"
+
+    def bodies(self, count: int = 256) -> list[dict]:
+        return BODIES[self.name](count)
+
+    def rows_per_request(self) -> int:
+        """Sequences a request holds, as the load client counts them (inputs, not windows)."""
+        return 16 if self.name == "classify-16" else 1
+
+
+def _sentences() -> list[str]:
+    return [text for text, _ in realdata.sst2()]
+
+
+def _classify(per_request: int, count: int) -> list[dict]:
+    sentences = _sentences()
+    return [
+        {"inputs": [sentences[(i * per_request + j) % len(sentences)] for j in range(per_request)]}
+        for i in range(count)
+    ]
+
+
+def _qa_long(count: int) -> list[dict]:
+    data = json.loads((realdata.SHARED / "data" / "squad" / "dev-v1.1-eval-half.json").read_text(encoding="utf-8"))
+    bodies: list[dict] = []
+    for article in data["data"]:
+        paragraphs = [p["context"] for p in article["paragraphs"]]
+        context, used = "", 0
+        while used < len(paragraphs) and len(context.split()) < QA_CONTEXT_WORDS:
+            context = f"{context} {paragraphs[used]}".strip()
+            used += 1
+        if len(context.split()) < QA_CONTEXT_WORDS:
+            continue
+        words = context.split()[:QA_CONTEXT_WORDS]
+        for qa in article["paragraphs"][0]["qas"]:
+            bodies.append({"inputs": [{"question": qa["question"], "context": " ".join(words)}]})
+        if len(bodies) >= count:
+            break
+    return bodies[:count]
+
+
+def _ner_long(count: int) -> list[dict]:
+    sentences = [" ".join(words) for words, _ in realdata.conll03()]
+    return [
+        {"inputs": [" ".join(sentences[(i * NER_SENTENCES + j) % len(sentences)] for j in range(NER_SENTENCES))]}
+        for i in range(count)
+    ]
+
+
+BODIES = {
+    "classify-1": lambda count: _classify(1, count),
+    "classify-16": lambda count: _classify(16, count),
+    "qa-long": _qa_long,
+    "ner-long": _ner_long,
+}
+SHAPES = {
+    "classify-1": RequestShape("classify-1", "minilm-bert-sst2", "classify"),
+    "classify-16": RequestShape("classify-16", "minilm-bert-sst2", "classify"),
+    "qa-long": RequestShape("qa-long", "minilm-bert-squad", "qa"),
+    "ner-long": RequestShape("ner-long", "minilm-bert-conll03", "ner"),
+}
