@@ -7,6 +7,7 @@ import itertools
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -34,11 +35,16 @@ def publish(repository: Path, name: str, source: Path, *, corrupt: bool = False,
 
 
 class Traffic:
-    """Requests one after another from `clients` threads until stopped: every status is kept."""
+    """Requests one after another from `clients` threads until stopped: every status is kept, from the end of a
+    warm-up (WARM_S, while the admission gate of a server that just started measures its rate: it may refuse some
+    requests then, and that is not what these tests look at)."""
+
+    WARM_S = 1.5
 
     def __init__(self, url: str, path: str, body: dict, headers: dict | None = None, clients: int = 2) -> None:
         self.statuses: list[int] = []
         self.bodies: list[str] = []
+        self._warm = threading.Event()
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, args=(url, path, body, headers or {}), daemon=True)
@@ -51,6 +57,8 @@ class Traffic:
                 if self._stop.is_set():
                     return
                 response = client.post(path, json=body)
+                if not self._warm.is_set():
+                    continue
                 self.statuses.append(response.status_code)
                 if response.status_code != 200:
                     self.bodies.append(response.text)
@@ -58,6 +66,8 @@ class Traffic:
     def __enter__(self) -> Traffic:
         for thread in self._threads:
             thread.start()
+        time.sleep(self.WARM_S)
+        self._warm.set()
         return self
 
     def __exit__(self, *exc: object) -> None:
