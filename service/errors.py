@@ -113,6 +113,21 @@ class ModelFailed(ServiceError):
         return cls(f"model {name} failed to load: {reason}")
 
 
+class Forbidden(ServiceError):
+    """A valid key, but not one that may do this (an inference key on the admin routes)."""
+
+    status_code = 403
+    error_type = "forbidden"
+
+
+class LoadFailed(ServiceError):
+    """A load of a model (a new version of one) failed: the entry cannot be read, its session cannot open, its
+    warm-up or self-test failed. The version served before, if any, keeps serving."""
+
+    status_code = 422
+    error_type = "load_failed"
+
+
 class NotReady(ServiceError):
     status_code = 503
     error_type = "unavailable"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -13,6 +14,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 class Metrics:
@@ -121,12 +123,55 @@ class Metrics:
             multiprocess_mode="livemax",
         )
 
+        # Model lifecycle (--model-control): written by the engine, which loads and unloads.
+        self.model_loads = Counter(
+            "bertserve_model_loads",
+            "Loads of a model version (at start, by a load call or by polling): ok once it serves, failed where it "
+            "could not load, warm up or pass its self-test.",
+            ["model", "result"],
+            registry=r,
+        )
+        self.model_unloads = Counter(
+            "bertserve_model_unloads", "Unloads of a model, by model and result.", ["model", "result"], registry=r
+        )
+        self.model_load_duration = Histogram(
+            "bertserve_model_load_duration_seconds",
+            "From a load's start to the new version serving (session, warm-up and the front-end's self-test).",
+            ["model"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.model_version = Gauge(
+            "bertserve_model_version_info",
+            "1 for the version of each model in use now (0 for the versions it served before).",
+            ["model", "version"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.model_load_failed = Gauge(
+            "bertserve_model_load_failed",
+            "1 while the latest load of the model failed (a version served before keeps serving, if any).",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+
     def exposition(self) -> bytes:
         directory = os.environ.get(MULTIPROCESS_DIR)
         return merged_exposition(directory) if directory else generate_latest(self.registry)
 
     def observer(self, model: str, streams: int = 1) -> ModelObserver:
         return ModelObserver(self, model, streams)
+
+
+def forget(gauge: Gauge, *labels: str) -> None:
+    """The series of a model no longer served: removed; in process mode (where a series written to the shared
+    directory cannot be removed) NaN, which no comparison in an alert rule matches (`== 0` included)."""
+    if os.environ.get(MULTIPROCESS_DIR):
+        gauge.labels(*labels).set(float("nan"))
+    else:
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
 
 
 def merged_exposition(directory: str) -> bytes:

@@ -199,6 +199,28 @@ class Settings(BaseSettings):
     load_failure: Literal["skip", "fail"] = Field(
         "skip", description="a model that fails to load: serve the others and report it, or refuse to start"
     )
+    model_control: Literal["none", "poll", "explicit"] = Field(
+        "none",
+        description="none: the repository is read once, at start; poll: it is scanned every --repository-poll-s "
+        "(new entries load, changed ones reload, removed ones unload); explicit: models load and unload through "
+        "POST /v2/repository/models/NAME/load|unload (needs --admin-api-key-file), --model names those loaded at start",
+    )
+    repository_poll_s: float = Field(
+        5.0,
+        ge=0.5,
+        le=3600,
+        description="poll: seconds between scans of the repository for new, changed and gone entries",
+    )
+    model: list[str] | None = Field(
+        None,
+        description="explicit: a model to load at start (repeatable, or comma-separated); the other entries stay "
+        "unloaded until a load call",
+    )
+    admin_api_key_file: Path | None = Field(
+        None,
+        description="explicit: file of admin keys for the /v2/repository routes, one a line, # comments, not "
+        "readable by other users, re-read when it changes; separate from the inference keys (--api-key-file)",
+    )
     warmup: bool = Field(True, description="run each model once per batch shape class before reporting ready")
     tokenizer_threads: int = Field(2, ge=1, le=64, description="threads for tokenization and post-processing")
     drain_timeout_s: float = Field(30.0, ge=0, le=3600, description="on SIGTERM, longest wait for work in flight")
@@ -248,7 +270,7 @@ class Settings(BaseSettings):
         "client, model) or off",
     )
 
-    @field_validator("api_keys", "cors_allow_origins", "devices", mode="before")
+    @field_validator("api_keys", "cors_allow_origins", "devices", "model", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         """KEY1,KEY2 from the environment or the command line; a JSON list as the launcher hands settings on."""
@@ -329,6 +351,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"grpc_port ({self.grpc_port}) must differ from port and probe_port: gRPC needs a port of its own"
             )
+        if self.model_control == "explicit":
+            if self.admin_api_key_file is None:
+                raise ValueError(
+                    "model_control explicit needs admin_api_key_file: the load and unload routes must not be open"
+                )
+            if self.models is not None:
+                raise ValueError("with model_control explicit, name the models to load at start with --model")
+        elif self.model is not None or self.admin_api_key_file is not None:
+            raise ValueError("model and admin_api_key_file are for model_control explicit only")
         if self.request_timeout_s * 1000 <= self.max_wait_ms:
             raise ValueError("request_timeout_s must be longer than max_wait_ms, or every request times out")
         if "max_queue_rows" not in self.model_fields_set:

@@ -177,6 +177,11 @@ class Batcher:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
 
+    def idle(self) -> bool:
+        """No row queued, none being prepared, no batch on the device: stopping now answers nothing with an error
+        (how the engine drains an old version of a model before it closes it)."""
+        return not self._pending and not self._taken and self._batches_on_device() == 0
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

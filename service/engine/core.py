@@ -7,9 +7,12 @@ engine process of its own that front-end processes reach over a socket (service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,24 +20,60 @@ from bertcore.messages import one_line
 from bertcore.rows import Row
 from service.engine.batcher import Batcher
 from service.engine.runtime import ModelRuntime
-from service.errors import ModelFailed, ModelNotFound, NotReady
+from service.errors import BadRequest, LoadFailed, ModelFailed, ModelNotFound, NotReady
 from service.metrics import Metrics
-from service.repository import load_entries, read_config
+from service.repository import entry_version, load_entries, name_problem, read_config, scan
 from service.settings import Settings
+from service.system.memory import malloc_trim
 from service.wire.model_status import ModelStatus
 from service.wire.ticket import Ticket
 
 log = logging.getLogger("service.engine")
 
 
-@dataclass
-class EngineModel:
-    name: str
-    status: ModelStatus = ModelStatus.LOADING  # loading -> ready | failed
-    error: str | None = None
-    runtime: ModelRuntime | None = None
+@dataclass(eq=False)
+class Generation:
+    """One version of a model, open: its session, its batcher, its warm-up."""
+
+    version: str
+    runtime: ModelRuntime
+    requested_at: float  # time.monotonic() when its load began
     batcher: Batcher | None = None
     warmed_shapes: int = 0
+    counted: bool = False  # its load is in the metrics (once a front-end serves it)
+
+
+@dataclass
+class EngineModel:
+    """A model and its open versions: `current` is the one offered to the front-ends (the newest that loaded and
+    warmed up); `older` ones stay open while a front-end still uses them or requests run on them."""
+
+    name: str
+    status: ModelStatus = ModelStatus.LOADING  # loading -> ready | failed; unloading
+    error: str | None = None  # why it is failed
+    current: Generation | None = None
+    older: list[Generation] = field(default_factory=list)
+    loading: str | None = None  # the version being loaded now
+    load_error: str | None = None  # why the latest load failed (the version before keeps serving)
+    failed_version: str | None = None  # that load's version: polling does not retry it
+
+    @property
+    def runtime(self) -> ModelRuntime | None:
+        return self.current.runtime if self.current else None
+
+    @property
+    def batcher(self) -> Batcher | None:
+        return self.current.batcher if self.current else None
+
+    @property
+    def warmed_shapes(self) -> int:
+        return self.current.warmed_shapes if self.current else 0
+
+    def generation(self, version: str) -> Generation | None:
+        for generation in (self.current, *self.older):
+            if generation is not None and generation.version == version:
+                return generation
+        return None
 
     def state(self) -> dict[str, Any]:
         """What the front-ends need to know of this model (plain data: it crosses the process boundary)."""
@@ -42,6 +81,10 @@ class EngineModel:
         return {
             "status": self.status,
             "error": self.error,
+            "version": self.current.version if self.current else None,
+            "loading": self.loading,
+            "load_error": self.load_error,
+            "versions": [g.version for g in (self.current, *self.older) if g is not None],
             "provider": runtime.provider if runtime else None,
             "variant": runtime.variant if runtime else None,
             "note": runtime.placement.note if runtime else None,
@@ -54,12 +97,23 @@ class EngineModel:
 
 
 class EngineCore:
+    """Every model's open versions. Loads (at start, by a load call, by polling) run one at a time: the session
+    opens on a thread of its own and warms up on its new batcher's thread, so the models serving meanwhile keep
+    their device threads and event loop. A new version is offered to the front-ends once warmed up; each moves its
+    traffic to it after its own self-test (`use`), or turns it down (`reject`: the version before keeps serving).
+    A version no front-end uses any more is drained (its requests answered), closed, and its memory returned."""
+
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
         self.models: dict[str, EngineModel] = {}
         self.warmed_up = False
         self.on_change: Callable[[], None] = lambda: None  # called when a model's state changes
+        self._load_lock: asyncio.Lock | None = None
+        self._uses: dict[Hashable, dict[str, set[str]]] = {}  # front-end -> model -> versions it still uses
+        self._closing: set[asyncio.Task] = set()
+        self._missing: dict[str, int] = {}  # polling: scans in a row that did not find the entry
+        self._repository_error: str | None = None
 
     def load(self) -> None:
         """Open every entry's session. StartupError where a model fails and --load-failure is fail."""
@@ -67,48 +121,60 @@ class EngineCore:
 
     def _open(self, entry: Path) -> None:
         model = self.models[entry.name] = EngineModel(entry.name)
-        runtime = model.runtime = ModelRuntime(entry, read_config(entry), self.settings)
+        started = time.monotonic()
+        version = entry_version(entry)
+        model.current = Generation(version, self._runtime(entry, version), started)
+
+    def _runtime(self, entry: Path, version: str) -> ModelRuntime:
+        """The session of `version` of the entry (on any thread); ValueError where the entry changed meanwhile."""
+        runtime = ModelRuntime(entry, read_config(entry), self.settings)
+        if entry_version(entry) != version:
+            raise ValueError("the entry changed while it loaded (an export writing it?): load it again")
         log.info(
-            "model %s: %s (%s); %d stream(s) of %d intra-op thread(s)",
-            model.name,
+            "model %s: %s (%s); %d stream(s) of %d intra-op thread(s); version %s",
+            entry.name,
             runtime.provider,
             runtime.variant,
             runtime.streams,
             runtime.intra_op_threads,
+            version,
         )
         if runtime.placement.note:
-            log.warning("model %s: %s", model.name, runtime.placement.note)
+            log.warning("model %s: %s", entry.name, runtime.placement.note)
         self.metrics.model_info.labels(
-            model.name, runtime.config.task, runtime.config.architecture, runtime.variant, runtime.provider
+            entry.name, runtime.config.task, runtime.config.architecture, runtime.variant, runtime.provider
         ).set(1)
         self.metrics.model_placement.labels(
-            model.name, self.settings.device, runtime.provider, runtime.placement.reason
+            entry.name, self.settings.device, runtime.provider, runtime.placement.reason
         ).set(1)
+        return runtime
 
     def _failed(self, name: str, reason: str) -> None:
         model = self.models.setdefault(name, EngineModel(name))
-        model.status, model.error = ModelStatus.FAILED, reason
+        model.status, model.error, model.load_error = ModelStatus.FAILED, reason, reason
+        self._count_failure(name)
 
     def start(self) -> None:
         for model in self.models.values():
-            runtime = model.runtime
-            if runtime is None:
-                continue
-            model.batcher = Batcher(
-                model.name,
-                runtime.execute,
-                prepare=runtime.prepare,
-                padded_cost=runtime.grid.padded_cost if runtime.grid is not None else None,
-                max_batch_size=self.settings.max_batch_size,
-                max_batch_tokens=max(self.settings.max_batch_tokens, runtime.max_length),
-                max_wait_s=self.settings.max_wait_ms / 1000,
-                max_queue_rows=self.settings.max_queue_rows,
-                max_queue_s=self.settings.max_queue_s,
-                max_padding_ratio=self._padding_ratio(runtime),
-                observer=self.metrics.observer(model.name, runtime.streams),
-                streams=runtime.streams,
-            )
-            model.batcher.start()
+            if model.current is not None and model.current.batcher is None:
+                model.current.batcher = self._batcher(model.name, model.current.runtime)
+                model.current.batcher.start()
+
+    def _batcher(self, name: str, runtime: ModelRuntime) -> Batcher:
+        return Batcher(
+            name,
+            runtime.execute,
+            prepare=runtime.prepare,
+            padded_cost=runtime.grid.padded_cost if runtime.grid is not None else None,
+            max_batch_size=self.settings.max_batch_size,
+            max_batch_tokens=max(self.settings.max_batch_tokens, runtime.max_length),
+            max_wait_s=self.settings.max_wait_ms / 1000,
+            max_queue_rows=self.settings.max_queue_rows,
+            max_queue_s=self.settings.max_queue_s,
+            max_padding_ratio=self._padding_ratio(runtime),
+            observer=self.metrics.observer(name, runtime.streams),
+            streams=runtime.streams,
+        )
 
     def _padding_ratio(self, runtime: ModelRuntime) -> float:
         """On the CPU, rows of like length batch together (--max-padding-ratio). On a grid of shapes (CUDA) there
@@ -122,47 +188,329 @@ class EngineCore:
 
     async def warm_up(self) -> None:
         """Run every model at each warm-up shape on its batch thread, then mark it ready."""
-        for model in self.models.values():
-            if model.runtime is None or model.batcher is None:
+        for model in list(self.models.values()):  # a load call may add one meanwhile
+            generation = model.current
+            if generation is None or generation.batcher is None or model.status != ModelStatus.LOADING:
                 continue
-            if self.settings.warmup:
-                started = asyncio.get_running_loop().time()
-                try:
-                    model.warmed_shapes = await model.batcher.run_on_worker(model.runtime.warm_up)
-                except Exception as exc:
-                    reason = one_line(exc, hide=self.settings.repository)
-                    model.status, model.error = ModelStatus.FAILED, f"warm-up failed: {reason}"
-                    log.error("model %s: %s", model.name, model.error)
-                    self.on_change()
-                    continue
-                log.info(
-                    "model %s: warmed up %d shapes in %.1f s",
-                    model.name,
-                    model.warmed_shapes,
-                    asyncio.get_running_loop().time() - started,
-                )
+            try:
+                await self._warm(model.name, generation)
+            except Exception as exc:
+                reason = f"warm-up failed: {one_line(exc, hide=self.settings.repository)}"
+                log.error("model %s: %s", model.name, reason)
+                await self._close(model.name, generation)
+                model.current = None
+                self._failed(model.name, reason)
+                self.on_change()
+                continue
             model.status = ModelStatus.READY
             self.on_change()
         self.warmed_up = True
         self.on_change()
+
+    async def _warm(self, name: str, generation: Generation) -> None:
+        if not self.settings.warmup or generation.batcher is None:
+            return
+        started = time.monotonic()
+        generation.warmed_shapes = await generation.batcher.run_on_worker(generation.runtime.warm_up)
+        log.info("model %s: warmed up %d shapes in %.1f s", name, generation.warmed_shapes, time.monotonic() - started)
 
     async def infer(self, name: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]:
         _, batcher = self.serving(name)
         return await batcher.submit(rows, ticket)
 
     def serving(self, name: str) -> tuple[ModelRuntime, Batcher]:
-        """The model's runtime and batcher where it takes requests now; else the domain error that says why not."""
+        """The runtime and batcher that take requests for `name` now (NAME, the version offered, or NAME@VERSION,
+        a version a front-end still uses); else the domain error that says why not."""
+        name, _, version = name.partition("@")
         model = self.models.get(name)
         if model is None:
             raise ModelNotFound.named(name)
+        if version:
+            generation = model.generation(version)
+            if generation is None or generation.batcher is None:
+                raise NotReady(f"model {name} version {version} is not loaded (any more); try again")
+            return generation.runtime, generation.batcher
         if model.status == ModelStatus.FAILED:
             raise ModelFailed.because(name, model.error)
+        if model.status == ModelStatus.UNLOADING:
+            raise ModelNotFound(f"model {name} is being unloaded")
         if model.status != ModelStatus.READY or model.batcher is None or model.runtime is None:
             raise NotReady.loading(name)
         return model.runtime, model.batcher
 
+    # --- Loading and unloading while serving ---------------------------------------------------------------------
+
+    def _lock(self) -> asyncio.Lock:
+        if self._load_lock is None:
+            self._load_lock = asyncio.Lock()
+        return self._load_lock
+
+    def _entry(self, name: str) -> Path:
+        if problem := name_problem(name):
+            raise BadRequest(problem, field="name")
+        return self.settings.repository / name
+
+    async def load_model(self, name: str) -> dict[str, Any]:
+        """Load the entry's version on disk, beside the version serving (if any); answered once it is warmed up and
+        offered to the front-ends. The same version as the one serving: nothing to do. LoadFailed says why a load
+        failed (the version before keeps serving); ModelNotFound where there is no such entry."""
+        entry = self._entry(name)
+        async with self._lock():
+            if not entry.is_dir() or (self.settings.models and name not in self.settings.models):
+                raise ModelNotFound(f"no entry named {name!r} in the model repository")
+            started = time.monotonic()
+            model = self.models.get(name)
+            try:
+                version = await asyncio.to_thread(entry_version, entry)
+            except (OSError, ValueError) as exc:
+                raise self._load_failed(name, None, one_line(exc, hide=self.settings.repository)) from None
+            current = model.current if model is not None and model.status == ModelStatus.READY else None
+            if current is not None and current.version == version:
+                return {"name": name, "version": version, "changed": False}
+            if model is None:
+                model = self.models[name] = EngineModel(name)
+            model.loading = version
+            self.on_change()
+            generation = None
+            try:
+                runtime = await asyncio.to_thread(self._runtime, entry, version)
+                generation = Generation(version, runtime, started)
+                generation.batcher = self._batcher(name, runtime)
+                generation.batcher.start()
+                await self._warm(name, generation)
+            except Exception as exc:
+                reason = one_line(exc, hide=self.settings.repository)
+                if generation is not None:
+                    await self._close(name, generation)
+                raise self._load_failed(name, version, reason) from None
+            finally:
+                model.loading = None
+            self._offer(model, generation)
+            return {"name": name, "version": version, "changed": True}
+
+    def _load_failed(self, name: str, version: str | None, reason: str) -> LoadFailed:
+        """Record a failed load (a version before keeps serving) and the error that answers it."""
+        model = self.models.get(name)
+        shown = f"version {version} failed to load: {reason}" if version else f"failed to load: {reason}"
+        log.error("model %s %s", name, shown)
+        if model is not None:
+            model.load_error, model.failed_version = shown, version
+            if model.current is None and model.status != ModelStatus.UNLOADING:
+                model.status, model.error = ModelStatus.FAILED, reason
+        self._count_failure(name)
+        self.on_change()
+        return LoadFailed(f"model {name} {shown}")
+
+    def _count_failure(self, name: str) -> None:
+        self.metrics.model_loads.labels(name, "ok")
+        self.metrics.model_loads.labels(name, "failed").inc()
+        self.metrics.model_load_failed.labels(name).set(1)
+
+    def _offer(self, model: EngineModel, generation: Generation) -> None:
+        """The new version becomes the one offered; the one before stays open while front-ends use it."""
+        if model.current is not None:
+            model.older.append(model.current)
+        model.current, model.status, model.error = generation, ModelStatus.READY, None
+        model.load_error = model.failed_version = None
+        log.info("model %s: version %s is loaded and warmed up", model.name, generation.version)
+        self.on_change()
+        self._retire()
+
+    def use(self, front_end: Hashable, name: str, versions: list[str]) -> None:
+        """A front-end's word: of model `name` it still uses `versions` (the one it serves, and older ones its
+        requests in flight hold). The first use of a version counts its load as done."""
+        uses = self._uses.setdefault(front_end, {})
+        if versions:
+            uses[name] = set(versions)
+        else:
+            uses.pop(name, None)
+        model = self.models.get(name)
+        for version in versions:
+            generation = model.generation(version) if model else None
+            if model is None or generation is None or generation.counted:
+                continue
+            generation.counted = True
+            self.metrics.model_loads.labels(name, "failed")
+            self.metrics.model_loads.labels(name, "ok").inc()
+            self.metrics.model_load_duration.labels(name).observe(time.monotonic() - generation.requested_at)
+            self.metrics.model_load_failed.labels(name).set(0)
+            for other in (model.current, *model.older):
+                if other is not None:
+                    self.metrics.model_version.labels(name, other.version).set(1 if other is generation else 0)
+        self._retire()
+
+    def reject(self, name: str, version: str, reason: str) -> None:
+        """A front-end could not serve `version` (its self-test failed): the version before, if any, is offered
+        again, and this one closes once nothing uses it."""
+        model = self.models.get(name)
+        generation = model.generation(version) if model else None
+        if model is None or generation is None:
+            return
+        if generation is model.current:
+            model.current = model.older.pop() if model.older else None
+            model.older.append(generation)
+            if model.current is None:
+                model.status = ModelStatus.FAILED
+        self._load_failed(name, version, reason)
+        if model.current is None:
+            model.error = reason
+        self._retire()
+
+    def forget(self, front_end: Hashable) -> None:
+        """The front-end went away: it uses nothing any more."""
+        self._uses.pop(front_end, None)
+        self._retire()
+
+    async def unload_model(self, name: str) -> dict[str, Any]:
+        """Stop offering the model: new requests get 404, the ones in flight finish; once no front-end uses any of
+        its versions they close and the model is gone."""
+        self._entry(name)
+        async with self._lock():
+            model = self.models.get(name)
+            if model is None:
+                raise ModelNotFound(f"no model named {name!r} is loaded")
+            if model.status != ModelStatus.UNLOADING:
+                if model.current is not None:
+                    model.older.append(model.current)
+                    self.metrics.model_version.labels(name, model.current.version).set(0)
+                model.current, model.status, model.error = None, ModelStatus.UNLOADING, None
+                self.metrics.model_unloads.labels(name, "ok").inc()
+                log.info("model %s: unloading", name)
+                self.on_change()
+                self._retire()
+            return {"name": name, "state": "UNLOADING" if name in self.models else "UNAVAILABLE"}
+
+    def _used(self, name: str, version: str) -> bool:
+        return any(version in uses.get(name, ()) for uses in self._uses.values())
+
+    def _retire(self) -> None:
+        """Close every version that is not offered and no front-end uses; drop unloaded models that have none."""
+        for name, model in list(self.models.items()):
+            for generation in list(model.older):
+                if not self._used(name, generation.version):
+                    model.older.remove(generation)  # no new request reaches it; those queued drain first
+                    task = asyncio.get_running_loop().create_task(self._close(name, generation, drain=True))
+                    self._closing.add(task)
+                    task.add_done_callback(self._closing.discard)
+            if (
+                model.status == ModelStatus.UNLOADING
+                and model.current is None
+                and not model.older
+                and not model.loading
+            ):
+                del self.models[name]
+                self.on_change()
+
+    async def _close(self, name: str, generation: Generation, drain: bool = False) -> None:
+        """Answer what it holds, stop its threads, drop its session, give the memory back."""
+        batcher = generation.batcher
+        if batcher is not None:
+            if drain:
+                give_up = time.monotonic() + self.settings.request_timeout_s + 1
+                while not batcher.idle() and time.monotonic() < give_up:
+                    await asyncio.sleep(0.01)
+            await batcher.stop()
+        generation.runtime.memory.close()
+        generation.batcher = None
+        del generation.runtime
+        gc.collect()
+        malloc_trim()
+        log.info("model %s: version %s closed", name, generation.version)
+        self.on_change()
+
+    def index(self) -> list[dict[str, Any]]:
+        """The repository's entries and the loaded models, with their state (Triton's names) and version: the one
+        serving, or for an entry not loaded, the one on disk. Blocking (it reads the disk): run it on a thread."""
+        try:
+            entries = scan(self.settings)
+        except OSError as exc:
+            raise NotReady(f"the model repository cannot be read: {exc.strerror or exc}") from None
+        listed = []
+        for name in sorted(set(entries) | set(self.models)):
+            model = self.models.get(name)
+            version, reason = None, ""
+            if model is None or model.status == ModelStatus.FAILED:
+                state = "UNAVAILABLE"
+                reason = model.error or "" if model else "not loaded"
+            else:
+                state = {
+                    ModelStatus.READY: "READY",
+                    ModelStatus.LOADING: "LOADING",
+                    ModelStatus.UNLOADING: "UNLOADING",
+                }.get(model.status, "LOADING")
+                version = model.current.version if model.current else None
+                reason = model.load_error or ""
+            if version is None and name in entries:
+                try:
+                    version = entry_version(entries[name])
+                except (OSError, ValueError) as exc:
+                    reason = reason or one_line(exc, hide=self.settings.repository)
+            listed.append({"name": name, "version": version or "", "state": state, "reason": reason})
+        return listed
+
+    async def control(self, action: str, name: str) -> dict[str, Any]:
+        """An admin call: load, unload or index."""
+        if action == "load":
+            return await self.load_model(name)
+        if action == "unload":
+            return await self.unload_model(name)
+        if action == "index":
+            return {"models": await asyncio.to_thread(self.index)}
+        raise BadRequest(f"unknown action {action[:50]!r}")
+
+    async def poll_repository(self) -> None:
+        """--model-control poll: every --repository-poll-s, load new entries, reload changed ones, unload the ones
+        gone (in two scans in a row: an export renames the old entry away a moment before the new one is in). A
+        repository that cannot be read is logged once, and the models keep serving."""
+        while True:
+            await asyncio.sleep(self.settings.repository_poll_s)
+            try:
+                await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "polling the model repository failed; trying again in %g s", self.settings.repository_poll_s
+                )
+
+    async def poll_once(self) -> None:
+        try:
+            entries = await asyncio.to_thread(scan, self.settings)
+            if not entries and self.models:
+                raise OSError("it holds no entries")
+        except OSError as exc:
+            reason = f"the model repository {self.settings.repository} cannot be read: {exc.strerror or exc}"
+            if reason != self._repository_error:
+                log.error("%s; the loaded models keep serving", reason)
+                self._repository_error = reason
+            return
+        if self._repository_error is not None:
+            log.info("the model repository %s can be read again", self.settings.repository)
+            self._repository_error = None
+        for name, entry in entries.items():
+            self._missing.pop(name, None)
+            try:
+                version = await asyncio.to_thread(entry_version, entry)
+            except (OSError, ValueError):
+                continue  # being written: the next scan
+            model = self.models.get(name)
+            if model is not None and version in (model.failed_version, model.loading):
+                continue
+            if model is not None and model.current is not None and model.current.version == version:
+                continue
+            with contextlib.suppress(LoadFailed, ModelNotFound, BadRequest):  # logged, counted and reported
+                await self.load_model(name)
+        for name in [name for name in self.models if name not in entries]:
+            self._missing[name] = self._missing.get(name, 0) + 1
+            if self._missing[name] >= 2 and self.models[name].status != ModelStatus.UNLOADING:
+                log.info("model %s: its entry is gone from the repository; unloading", name)
+                await self.unload_model(name)
+
     async def stop(self) -> None:
-        await asyncio.gather(*(m.batcher.stop() for m in self.models.values() if m.batcher is not None))
+        for task in list(self._closing):
+            task.cancel()
+        generations = [g for m in self.models.values() for g in (m.current, *m.older) if g is not None]
+        await asyncio.gather(*(g.batcher.stop() for g in generations if g.batcher is not None))
 
     def stuck(self) -> str | None:
         """Why the device counts as stuck, if it does: a batch still running --liveness-stall-s past every request's

@@ -45,6 +45,7 @@ class EngineServer:
         self._server: asyncio.AbstractServer | None = None
         self._requests: set[asyncio.Future] = set()  # answered from their done callbacks: no task per request
         self._beat: asyncio.Task | None = None
+        self._controls: set[asyncio.Task] = set()  # load, unload and index calls under way
         core.on_change = self._broadcast_state
 
     async def start(self) -> None:
@@ -94,6 +95,13 @@ class EngineServer:
                     self._start(writer, frame.header, frame.arrays, tickets)
                 elif op == "cancel" and request_id in tickets:
                     tickets[request_id].cancel()
+                elif op == "use":
+                    self.core.use(writer, str(frame.header["model"]), [str(v) for v in frame.header["versions"]])
+                elif op == "reject":
+                    header = frame.header
+                    self.core.reject(str(header["model"]), str(header["version"]), str(header["reason"]))
+                elif op == "control":
+                    self._control(writer, request_id, str(frame.header["action"]), str(frame.header.get("model", "")))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front-end went away
         except Exception:
@@ -102,7 +110,26 @@ class EngineServer:
             self._writers.discard(writer)
             for ticket in tickets.values():
                 ticket.cancel()
+            self.core.forget(writer)
             writer.close()
+
+    def _control(self, writer: frames.FrameWriter, request_id: int, action: str, model: str) -> None:
+        """A load, unload or index call, run as a task of its own (a load takes seconds): answered by id with a
+        done frame, or an error frame with the domain error."""
+
+        async def run() -> None:
+            try:
+                result = await self.core.control(action, model)
+            except Exception as exc:
+                reply = self._error(request_id, Ticket.with_timeout(0), exc)
+            else:
+                reply = frames.encode({"op": "done", "id": request_id, "result": result})
+            if not writer.is_closing():
+                writer.write(reply)
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"control-{action}")
+        self._controls.add(task)
+        task.add_done_callback(self._controls.discard)
 
     def _start(
         self, writer: frames.FrameWriter, header: dict[str, Any], arrays: dict[str, Any], tickets: dict[int, Ticket]
@@ -186,7 +213,7 @@ async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -
     server = EngineServer(core, path)
     await server.start()
     log.info("engine: listening on %s", path)
-    background.append(asyncio.create_task(core.warm_up(), name="warm-up"))
+    background.append(asyncio.create_task(_warm_up_then_poll(core), name="warm-up"))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -197,6 +224,12 @@ async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -
         task.cancel()
     await asyncio.gather(*background, return_exceptions=True)
     await server.stop()
+
+
+async def _warm_up_then_poll(core: EngineCore) -> None:
+    await core.warm_up()
+    if core.settings.model_control == "poll":
+        await core.poll_repository()
 
 
 def main(argv: list[str] | None = None) -> int:

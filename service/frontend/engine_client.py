@@ -43,6 +43,9 @@ class Engine(Protocol):
     async def start(self, on_change: Callable[[], None]) -> None: ...
     async def infer(self, model: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]: ...
     async def stop(self) -> None: ...
+    def use(self, model: str, versions: list[str]) -> None: ...
+    def reject(self, model: str, version: str, reason: str) -> None: ...
+    async def control(self, action: str, model: str) -> dict[str, Any]: ...
 
 
 class LocalEngine:
@@ -53,6 +56,7 @@ class LocalEngine:
 
         self.core: EngineCore = EngineCore(settings, metrics)
         self._warm_up: asyncio.Task | None = None
+        self._front_end = "local"  # the one front-end of this engine, for its word on the versions it uses
 
     @property
     def connected(self) -> bool:
@@ -82,10 +86,24 @@ class LocalEngine:
         self.load()
         self.core.start()
         on_change()
-        self._warm_up = asyncio.create_task(self.core.warm_up(), name="warm-up")
+        self._warm_up = asyncio.create_task(self._warm_up_then_poll(), name="warm-up")
+
+    async def _warm_up_then_poll(self) -> None:
+        await self.core.warm_up()
+        if self.core.settings.model_control == "poll":
+            await self.core.poll_repository()
 
     async def infer(self, model: str, rows: list[Row], ticket: Ticket) -> list[dict[str, Any]]:
         return await self.core.infer(model, rows, ticket)
+
+    def use(self, model: str, versions: list[str]) -> None:
+        self.core.use(self._front_end, model, versions)
+
+    def reject(self, model: str, version: str, reason: str) -> None:
+        self.core.reject(model, version, reason)
+
+    async def control(self, action: str, model: str) -> dict[str, Any]:
+        return await self.core.control(action, model)
 
     async def stop(self) -> None:
         if self._warm_up is not None:
@@ -117,6 +135,7 @@ class RemoteEngine:
         self._ids = itertools.count()
         self._tasks: list[asyncio.Task] = []
         self._on_change: Callable[[], None] = lambda: None
+        self._uses: dict[str, list[str]] = {}  # said again to an engine that restarted
 
     @property
     def connected(self) -> bool:
@@ -183,6 +202,35 @@ class RemoteEngine:
         ticket.inference_calls = int(timings.get("inference_calls", 0))
         return frames.unpack_outputs(frame.arrays, lengths, bool(frame.header.get("per_token")))
 
+    def use(self, model: str, versions: list[str]) -> None:
+        if versions:
+            self._uses[model] = versions
+        else:
+            self._uses.pop(model, None)
+        if self._writer is not None:
+            self._writer.write(frames.encode({"op": "use", "model": model, "versions": versions}))
+
+    def reject(self, model: str, version: str, reason: str) -> None:
+        if self._writer is not None:
+            self._writer.write(frames.encode({"op": "reject", "model": model, "version": version, "reason": reason}))
+
+    async def control(self, action: str, model: str) -> dict[str, Any]:
+        """An admin call, answered when the engine has done it (a load: once the version is warmed up)."""
+        writer = self._writer
+        if writer is None:
+            raise EngineUnavailable("the engine is not connected (starting or restarting); try again shortly")
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        writer.write(frames.encode({"op": "control", "id": request_id, "action": action, "model": model}))
+        try:
+            frame: frames.Frame = await future
+        finally:
+            self._pending.pop(request_id, None)
+        if frame.header["op"] == "error":
+            frames.raise_error(frame.header)
+        return dict(frame.header.get("result") or {})
+
     def _cancel(self, request_id: int) -> None:
         if self._writer is not None and request_id in self._pending:
             self._writer.write(frames.encode({"op": "cancel", "id": request_id}))
@@ -197,6 +245,8 @@ class RemoteEngine:
                 continue
             self._writer = frames.FrameWriter(writer)
             log.info("connected to the engine at %s", self.path)
+            for model, versions in self._uses.items():
+                self._writer.write(frames.encode({"op": "use", "model": model, "versions": versions}))
             announced = False
             try:
                 await self._read(reader)
@@ -226,7 +276,7 @@ class RemoteEngine:
                 self._states = frame.header["models"]
                 self._ready = bool(frame.header["ready"])
                 self._on_change()
-            elif op in ("result", "error"):
+            elif op in ("result", "error", "done"):
                 future = self._pending.get(int(frame.header["id"]))
                 if future is not None and not future.done():
                     future.set_result(frame)

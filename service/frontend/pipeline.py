@@ -58,7 +58,7 @@ class RequestPipeline:
         """The model, if it serves `task`. Waiting for an engine that is (re)connecting counts as queueing: it is
         bounded by --max-queue-s and the request's deadline."""
         wait_s = min(self.settings.max_queue_s, ticket.deadline - time.monotonic())
-        model = await self.registry.serving(name, wait_s)
+        model = await self.registry.serving(name, wait_s, ticket)
         if model.task != task:
             endpoint = ENDPOINT_OF_TASK.get(model.task or "", "")
             raise WrongTask(f"model {name} is a {model.task} model; use POST /v1/models/{name}/{endpoint}")
@@ -226,10 +226,10 @@ class RequestPipeline:
         return await self._checked(post), timings
 
     async def self_test(self, model: ServedModel) -> None:
-        """One real request through the whole path before the model is reported ready; a ServiceError (or any
-        exception) says why it cannot serve."""
+        """One real request through the whole path before the model (a version of it) serves; a ServiceError (or
+        any exception) says why it cannot."""
         ticket = Ticket.with_timeout(max(self.settings.request_timeout_s, 60.0))
-        token = SELF_TEST.set(True)
+        token = SELF_TEST.set(model)
         try:
             if model.task == "classification":
                 await self.classify(model.name, ["bertserve self-test"], None, ticket)
@@ -239,6 +239,7 @@ class RequestPipeline:
                 await self.qa(model.name, [("What runs?", "The bertserve self-test runs.")], {}, ticket)
         finally:
             SELF_TEST.reset(token)
+            ticket.done()
 
     async def _off_loop(self, timings: Timings, work: Callable[[], T], inline: bool = False) -> T:
         """Tokenize on the pool; small work (`inline`) right here, where a thread hop would cost more than it."""
@@ -266,7 +267,7 @@ class RequestPipeline:
         ticket.charge(tokens)
         self.memory.begin()
         try:
-            outputs = await self.engine.infer(model.name, rows, ticket)
+            outputs = await self.engine.infer(model.target, rows, ticket)
         finally:
             self.memory.end(large=tokens >= self.settings.release_memory_min_tokens)
         timings.queue_s = ticket.queue_seconds

@@ -63,7 +63,15 @@ class IdleRelease:
         self._pending = False  # large work ended since the last release
         self._last_end = 0.0
         self._thread: threading.Thread | None = None
+        self._closed = False
         self.releases = 0  # how many times `release` ran (for tests and logs)
+
+    def close(self) -> None:
+        """No more releases: the watcher thread ends (and lets go of `release`, and of what it holds: a session)."""
+        with self._condition:
+            self._closed = True
+            self._release = lambda: None
+            self._condition.notify()
 
     @property
     def enabled(self) -> bool:
@@ -92,6 +100,8 @@ class IdleRelease:
         while True:
             with self._condition:
                 while True:
+                    if self._closed:
+                        return
                     if not self._pending or self._in_flight:
                         self._condition.wait()
                         continue

@@ -12,6 +12,12 @@ Front-end -> engine:
   {"op": "infer", "id": N, "model": NAME, "timeout": SECONDS, "lengths": [...], "request_id": TEXT | None}
       + input_ids, token_type_ids (every row's tokens concatenated; `lengths` cuts them apart)
   {"op": "cancel", "id": N}   the client went away: drop the rows not run yet
+  {"op": "use", "model": NAME, "versions": [...]}   the versions of a model this front-end still uses: the one it
+      serves and older ones its requests in flight hold (the engine closes a version no front-end uses)
+  {"op": "reject", "model": NAME, "version": V, "reason": TEXT}   this front-end cannot serve that version (its
+      self-test failed): the version before keeps serving
+  {"op": "control", "id": N, "action": "load" | "unload" | "index", "model": NAME}   an admin call
+  An infer frame's model is NAME@VERSION: the version its front-end tokenized for, served while it is open.
 Engine -> front-end:
   {"op": "state", "ready": BOOL, "models": {NAME: {...}}}   on connect and whenever a model's state changes
   {"op": "beat"}   every 0.2 s: the engine's event loop runs (a front-end that hears nothing calls it silent)
@@ -19,6 +25,7 @@ Engine -> front-end:
       + one array per output: (rows, labels) for a classification model, per-token outputs with every row's
       tokens concatenated (lengths as sent)
   {"op": "error", "id": N, "kind": CLASS, "message": TEXT, "field": FIELD}   a domain error, re-raised as such
+  {"op": "done", "id": N, "result": {...}}   a control call's answer
 """
 
 from __future__ import annotations

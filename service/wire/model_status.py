@@ -6,10 +6,12 @@ from enum import StrEnum
 
 
 class ModelStatus(StrEnum):
-    """loading -> (checking: the front-end's self-test) -> ready | failed. A StrEnum: it crosses the process boundary
-    and reaches /v1/models as its plain value."""
+    """loading -> (checking: the front-end's self-test) -> ready | failed; unloading: an unload was asked for, its
+    requests in flight finish, new ones get 404. A StrEnum: it crosses the process boundary and reaches /v1/models
+    as its plain value."""
 
     LOADING = "loading"
     CHECKING = "checking"
     READY = "ready"
     FAILED = "failed"
+    UNLOADING = "unloading"

@@ -19,12 +19,19 @@ class Ticket:
     inference_seconds: float = 0.0  # run time of the batches its rows were in
     inference_calls: int = 0
     on_cancel: list[Callable[[], None]] = field(default_factory=list)
+    on_done: list[Callable[[], None]] = field(default_factory=list)  # at `done()`: the request is over
     on_charge: list[Callable[[int], None]] = field(default_factory=list)  # told the request's tokens, once known
     request_id: str | None = None  # the HTTP request's x-request-id, for the log lines about its rows
 
     @classmethod
     def with_timeout(cls, seconds: float, request_id: str | None = None) -> Ticket:
         return cls(deadline=time.monotonic() + seconds, request_id=request_id)
+
+    def done(self) -> None:
+        """The request is over (answered, failed or gone): tell whoever listens, once."""
+        callbacks, self.on_done = self.on_done, []
+        for callback in callbacks:
+            callback()
 
     def cancel(self) -> None:
         """The client went away (or the deadline passed): drop the rows not run yet, tell whoever listens."""

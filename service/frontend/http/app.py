@@ -29,6 +29,7 @@ from service.frontend.http.middleware import (
     MetricsMiddleware,
     RequestContextMiddleware,
 )
+from service.frontend.http.repository_api import install_repository_api
 from service.frontend.http.routes import INFERENCE_ROUTES, router
 from service.frontend.http.server import shared_port_socket
 from service.frontend.http.state import ServerState
@@ -137,6 +138,7 @@ def create_app(
     app.router.routes.append(open_inference.infer_route())
     app.include_router(router)
     app.include_router(open_inference.router)
+    install_repository_api(app, settings)
     if settings.docs == "on":
         install_docs(app, app.title)
     app.add_middleware(AdmissionMiddleware, gate=server.admission)

@@ -198,4 +198,6 @@ def open_paths(settings: Settings) -> tuple[frozenset[str], tuple[str, ...]]:
     if settings.docs_auth == "open":
         paths |= DOCS
         prefixes = (DOCS_PREFIX,)
+    if settings.model_control == "explicit":  # the admin key is checked by the routes (repository_api)
+        prefixes = (*prefixes, "/v2/repository/")
     return frozenset(paths), prefixes

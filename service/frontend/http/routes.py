@@ -267,6 +267,7 @@ async def admitted(request: Request) -> AsyncIterator[Ticket]:
         yield ticket
     finally:
         watcher.cancel()
+        ticket.done()
 
 
 async def _watch_disconnect(request: Request, ticket: Ticket) -> None:

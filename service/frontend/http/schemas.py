@@ -119,10 +119,18 @@ class ShapeInfo(BaseModel):
 
 class ModelInfo(BaseModel):
     name: str
-    status: Literal["loading", "checking", "ready", "failed"] = Field(
-        description="loading -> checking (one real request through the whole path) -> ready, or failed"
+    status: Literal["loading", "checking", "ready", "failed", "unloading"] = Field(
+        description="loading -> checking (one real request through the whole path) -> ready, or failed; "
+        "unloading: its requests in flight finish, new ones get 404"
     )
     error: str | None = None
+    version: str | None = Field(
+        None, description="the version in use: the export's time and a digest of the entry's files"
+    )
+    loading_version: str | None = Field(None, description="a new version being loaded beside the one in use")
+    load_error: str | None = Field(
+        None, description="why the latest load of a new version failed (the version in use keeps serving)"
+    )
     task: str | None = None
     architecture: str | None = None
     labels: list[str] | None = None

@@ -5,6 +5,7 @@ models, the request pipeline, admission, and the verdicts of its probes. The rou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,26 +54,57 @@ class ServerState:
         self.engine.load()
 
     async def self_test_models(self) -> None:
-        """Each model, once the engine reports it warmed up: one real request through the whole path before it is
-        reported ready. A failure makes it a failed model (reported, its requests 503) with the reason."""
+        """Follow the engine's word on every model: each version it offers (at start, after a load or a reload),
+        once warmed up, gets its config and tokenizer read here and one real request through the whole path; then
+        this front-end's traffic moves to it in one step. A version that fails is turned down (the engine offers
+        the one before again, which kept serving here meanwhile); a first version that fails is a failed model
+        (reported, its requests 503) with the reason."""
+        registry = self.registry
         while True:
-            for model in list(self.registry.models.values()):
-                if model.status != ModelStatus.CHECKING:
-                    continue
+            registry.changed.clear()
+            for name in list(registry.models):
                 try:
-                    await self.pipeline.self_test(model)
-                except NotReady:  # the engine went away meanwhile (process mode): try again when it is back
-                    continue
-                except ServiceError as exc:
-                    model.error = f"self-test failed: {exc.message}"
-                except Exception as exc:
-                    model.error = f"self-test failed: {one_line(exc, hide=self.settings.repository)}"
-                else:
-                    model.self_tested = True
-                if model.error:
-                    log.error("model %s: %s", model.name, model.error)
-                self.registry.sync()
-            await asyncio.sleep(0.1)
+                    await self._follow(name)
+                except Exception:  # never let the loop die: the model keeps the version it has
+                    log.exception("model %s: following the engine failed", name)
+            registry.release_retired()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(registry.changed.wait(), 0.1)
+
+    async def _follow(self, name: str) -> None:
+        registry = self.registry
+        served = registry.models.get(name)
+        if served is None:
+            return
+        report = served.engine_report
+        if report.get("status") == ModelStatus.UNLOADING:
+            registry.retire(served)
+            return
+        version = report.get("version")
+        if report.get("status") != ModelStatus.READY or not version or (name, version) in registry.rejected:
+            return
+        if served.version == version and (served.self_tested or served.error is not None):
+            return
+        model = await registry.prepare(name, version)
+        model.engine_report = report
+        if model.error is None:
+            try:
+                await self.pipeline.self_test(model)
+            except NotReady:  # the engine went away meanwhile (process mode): try again when it is back
+                return
+            except ServiceError as exc:
+                model.error = f"self-test failed: {exc.message}"
+            except Exception as exc:
+                model.error = f"self-test failed: {one_line(exc, hide=self.settings.repository)}"
+        if model.error is None:
+            registry.swap(model)
+            return
+        log.error("model %s: %s (version %s)", name, model.error, version)
+        registry.rejected[(name, version)] = model.error
+        self.engine.reject(name, version, model.error)
+        if served.version is None or served.error is not None:
+            registry.models[name] = model  # a failed model, with the reason
+        registry.sync()
 
     def readiness(self) -> Verdict:
         """/readyz's verdict (status, body), for the main port and the probe port's process alike. A verdict that
@@ -109,6 +141,9 @@ class ServerState:
             "name": model.name,
             "status": model.status,
             "error": model.failure,
+            "version": model.version,
+            "loading_version": engine.get("loading"),
+            "load_error": engine.get("load_error"),
             "task": config.task if config else None,
             "architecture": config.architecture if config else None,
             "labels": list(config.labels) if config and config.labels else None,

@@ -1,0 +1,130 @@
+"""The Open Inference Protocol's model repository extension, under --model-control explicit only:
+
+- `POST /v2/repository/index`: every entry of the repository and every loaded model, with its state (READY,
+  LOADING, UNLOADING, UNAVAILABLE), version and the reason it is not ready; `{"ready": true}` lists the ready ones.
+- `POST /v2/repository/models/{name}/load`: load the entry's version on disk beside the one serving; answered once
+  this front-end serves it (warmed up and self-tested), or with the reason it failed (422 load_failed: the version
+  before keeps serving). The version already serving: answered at once.
+- `POST /v2/repository/models/{name}/unload`: new requests get 404 at once; the ones in flight finish; answered
+  once the model's sessions are closed (or with state UNLOADING where requests still hold it at the deadline).
+
+The engine loads and unloads (one load at a time); this front-end asks it and waits for its word. The routes need
+an admin key (--admin-api-key-file, re-read when it changes): 401 without one, 403 with an inference key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+
+from service.errors import BadRequest, Forbidden, LoadFailed, Unauthorized
+from service.frontend.http.auth import ApiKeys, KeyFileProblem, bearer_token
+from service.frontend.http.routes import ERRORS, json_body, server_state
+from service.frontend.http.state import ServerState
+from service.repository import name_problem
+from service.settings import Settings
+from service.wire.model_status import ModelStatus
+
+ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {**ERRORS, 401: ERRORS[400], 403: ERRORS[400]}
+PREFIX = "/v2/repository/"
+SETTLE_S = 60.0  # the longest a load call waits for the front-end's self-test, after the engine's warm-up
+
+
+class AdminKeys:
+    """The admin keys (their own file), told apart from the inference keys."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.admin = admin_keys(settings)
+        self.inference = ApiKeys.from_settings(settings)
+
+    def check(self, request: Request) -> None:
+        token = bearer_token(dict(request.scope))
+        if token is None:
+            raise Unauthorized(
+                "the repository API needs an admin key: send the header Authorization: Bearer ADMIN_KEY",
+                headers={"WWW-Authenticate": 'Bearer realm="bertserve-admin"'},
+            )
+        if self.admin.verify(token):
+            return
+        if self.inference.enabled and self.inference.verify(token):
+            raise Forbidden("an inference key cannot load or unload models: use an admin key (--admin-api-key-file)")
+        raise Unauthorized(
+            "the admin key is not valid",
+            headers={"WWW-Authenticate": 'Bearer realm="bertserve-admin", error="invalid_token"'},
+        )
+
+
+def admin_keys(settings: Settings) -> ApiKeys:
+    """The admin key file's keys; StartupError (KeyFileProblem) says why the file cannot be used."""
+    assert settings.admin_api_key_file is not None  # Settings refuses explicit mode without it
+    try:
+        return ApiKeys(file=settings.admin_api_key_file)
+    except KeyFileProblem as exc:
+        raise KeyFileProblem(f"admin_{exc}") from None
+
+
+def install_repository_api(app: FastAPI, settings: Settings) -> None:
+    """Mount the routes where --model-control is explicit; nothing otherwise (they are 404 then)."""
+    if settings.model_control != "explicit":
+        return
+    keys = AdminKeys(settings)
+    router = APIRouter(tags=["repository"], responses=ADMIN_ERRORS)
+
+    @router.post("/v2/repository/index", summary="Every entry of the repository, with its state and version")
+    async def index(request: Request) -> list[dict[str, Any]]:
+        keys.check(request)
+        ready_only = False
+        if await request.body():
+            body = await json_body(request)
+            ready_only = isinstance(body, dict) and body.get("ready") is True
+        result = await server_state(request).engine.control("index", "")
+        models = list(result.get("models", []))
+        return [m for m in models if m["state"] == "READY"] if ready_only else models
+
+    @router.post("/v2/repository/models/{name:path}/load", summary="Load a model, or a new version of it")
+    async def load(name: str, request: Request) -> dict[str, Any]:
+        keys.check(request)
+        _check_name(name)
+        server = server_state(request)
+        result = await server.engine.control("load", name)
+        return await _served(server, name, str(result["version"]))
+
+    @router.post("/v2/repository/models/{name:path}/unload", summary="Unload a model")
+    async def unload(name: str, request: Request) -> dict[str, Any]:
+        keys.check(request)
+        _check_name(name)
+        server = server_state(request)
+        await server.engine.control("unload", name)
+        give_up = time.monotonic() + server.settings.request_timeout_s + 1
+        while name in server.registry.models and time.monotonic() < give_up:
+            await _next_word(server)
+        return {"name": name, "state": "UNLOADING" if name in server.registry.models else "UNAVAILABLE"}
+
+    app.include_router(router)
+
+
+def _check_name(name: str) -> None:
+    if problem := name_problem(name):
+        raise BadRequest(problem, field="name")
+
+
+async def _served(server: ServerState, name: str, version: str) -> dict[str, Any]:
+    """Once this front-end serves `version` (its self-test passed), or turned it down (LoadFailed)."""
+    registry = server.registry
+    give_up = time.monotonic() + SETTLE_S
+    while time.monotonic() < give_up:
+        model = registry.models.get(name)
+        if model is not None and model.version == version and model.status == ModelStatus.READY:
+            return {"name": name, "version": version, "state": "READY"}
+        if (name, version) in registry.rejected:
+            raise LoadFailed(f"model {name} version {version} failed to load: {registry.rejected[(name, version)]}")
+        await _next_word(server)
+    return {"name": name, "version": version, "state": "LOADING"}
+
+
+async def _next_word(server: ServerState) -> None:
+    """A moment, for the engine's next word or this front-end's swap."""
+    await asyncio.sleep(0.02)

@@ -1,0 +1,181 @@
+"""The repository API (--model-control explicit) through real servers, in-process and in process mode: load,
+reload under traffic with no failed request, unload, failed loads that leave the old version serving, the admin
+key, and the names and calls it must refuse."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.conftest import run_service, wait_for
+from tests.service.lifecycle import Traffic, models, publish, samples
+
+ADMIN_KEY = "admin-key-0123456789abcdef"
+USER_KEY = "user-key-0123456789abcdefgh"
+USER = {"Authorization": f"Bearer {USER_KEY}"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+CLASSIFY = ("/v1/models/a/classify", {"inputs": ["a gorgeous movie"]})
+
+
+@pytest.fixture(scope="module", params=["in-process", "process"])
+def explicit(request, tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory, server_factory):
+    """A server with entries a (classification) and b (ner), only a loaded at start; admin and inference keys."""
+    root = tmp_path_factory.mktemp("explicit")
+    repository = root / "repository"
+    repository.mkdir()
+    publish(repository, "a", tiny_repository / "bert-classification")
+    publish(repository, "b", tiny_repository / "bert-ner")
+    for name, key in (("admin.keys", ADMIN_KEY), ("user.keys", USER_KEY)):
+        (root / name).write_text(key + "\n")
+        (root / name).chmod(0o600)
+    server = server_factory(
+        repository,
+        *("--engine-mode", request.param, "--frontends", "2", "--model-control", "explicit", "--model", "a"),
+        *("--admin-api-key-file", str(root / "admin.keys"), "--api-key-file", str(root / "user.keys")),
+        *("--metrics-auth", "open"),
+    )
+    server.repository = repository
+    server.source = tiny_repository
+    return server
+
+
+def admin(server, path: str, **kwargs) -> httpx.Response:
+    return httpx.post(server.url + path, headers=ADMIN, timeout=120, **kwargs)
+
+
+def test_only_the_named_models_load_at_start_and_the_index_lists_every_entry(explicit) -> None:
+    with explicit.client(headers=USER) as client:
+        listed = models(client)
+        assert set(listed) == {"a"} and listed["a"]["status"] == "ready" and listed["a"]["version"], listed
+        assert client.get("/readyz").status_code == 200
+    index = admin(explicit, "/v2/repository/index")
+    assert index.status_code == 200, index.text
+    states = {m["name"]: (m["state"], bool(m["version"])) for m in index.json()}
+    assert states == {"a": ("READY", True), "b": ("UNAVAILABLE", True)}
+    assert [m["name"] for m in admin(explicit, "/v2/repository/index", json={"ready": True}).json()] == ["a"]
+
+
+def test_the_admin_routes_need_the_admin_key(explicit) -> None:
+    for headers, status in [({}, 401), (USER, 403), ({"Authorization": "Bearer not-a-key-0123456789"}, 401)]:
+        for path in ("/v2/repository/index", "/v2/repository/models/b/load", "/v2/repository/models/a/unload"):
+            response = httpx.post(explicit.url + path, headers=headers)
+            assert response.status_code == status, (path, headers, response.text)
+            assert response.json()["error_type"] in ("unauthorized", "forbidden")
+    assert httpx.post(explicit.url + CLASSIFY[0], json=CLASSIFY[1], headers=ADMIN).status_code == 401
+    with explicit.client(headers=USER) as client:
+        assert set(models(client)) == {"a"}  # nothing was loaded or unloaded
+
+
+def test_load_and_unload_a_model(explicit) -> None:
+    loaded = admin(explicit, "/v2/repository/models/b/load")
+    assert loaded.status_code == 200 and loaded.json()["state"] == "READY", loaded.text
+    with explicit.client(headers=USER) as client:
+        listed = models(client)
+        assert listed["b"]["status"] == "ready" and listed["b"]["version"] == loaded.json()["version"]
+        assert client.post("/v1/models/b/ner", json={"inputs": ["Peter lives in Paris"]}).status_code == 200
+        unloaded = admin(explicit, "/v2/repository/models/b/unload")
+        assert unloaded.status_code == 200 and unloaded.json()["state"] == "UNAVAILABLE", unloaded.text
+        gone = client.post("/v1/models/b/ner", json={"inputs": ["Peter lives in Paris"]})
+        assert gone.status_code == 404 and gone.json()["error_type"] == "not_found", gone.text
+        assert "b" not in models(client)
+        assert client.post(*CLASSIFY[:1], json=CLASSIFY[1]).status_code == 200
+    states = {m["name"]: m["state"] for m in admin(explicit, "/v2/repository/index").json()}
+    assert states == {"a": "READY", "b": "UNAVAILABLE"}
+    assert f"model b: version {loaded.json()['version']} closed" in explicit.log()
+
+
+def test_a_reload_under_traffic_answers_every_request(explicit) -> None:
+    with explicit.client(headers=USER) as client:
+        before = models(client)["a"]["version"]
+        with Traffic(explicit.url, *CLASSIFY, headers=USER, clients=3) as traffic:
+            for _ in range(3):
+                publish(explicit.repository, "a", explicit.source / "bert-classification")
+                reloaded = admin(explicit, "/v2/repository/models/a/load")
+                assert reloaded.status_code == 200, reloaded.text
+                assert client.get("/readyz").status_code == 200
+                assert models(client)["a"]["version"] == reloaded.json()["version"] != before
+        assert traffic.statuses.count(200) == len(traffic.statuses) > 0, traffic.bodies[:3]
+    # the old versions closed once their last request was answered, not at the fallback (--request-timeout-s, 30 s)
+    assert wait_for(lambda: f"model a: version {before} closed" in explicit.log(), timeout=10)
+    loads = samples(explicit.url, "bertserve_model_loads_total")
+    assert loads[(("model", "a"), ("result", "ok"))] >= 4  # the start and three reloads
+    versions = samples(explicit.url, "bertserve_model_version_info")
+    assert [labels for labels, value in versions.items() if value == 1 and ("model", "a") in labels] == [
+        (("model", "a"), ("version", reloaded.json()["version"]))
+    ]
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "half"])
+def test_a_failed_load_leaves_the_old_version_serving(explicit, kind: str) -> None:
+    with explicit.client(headers=USER) as client:
+        serving = models(client)["a"]["version"]
+        with Traffic(explicit.url, *CLASSIFY, headers=USER) as traffic:
+            publish(explicit.repository, "a", explicit.source / "bert-classification", **{kind: True})
+            failed = admin(explicit, "/v2/repository/models/a/load")
+        assert failed.status_code == 422 and failed.json()["error_type"] == "load_failed", failed.text
+        assert "failed to load" in failed.json()["error"] and str(explicit.repository) not in failed.json()["error"]
+        assert traffic.statuses.count(200) == len(traffic.statuses) > 0, traffic.bodies[:3]
+        listed = models(client)["a"]
+        assert (listed["status"], listed["version"]) == ("ready", serving)
+        assert "failed to load" in listed["load_error"]
+        assert samples(explicit.url, "bertserve_model_load_failed")[(("model", "a"),)] == 1
+        index = {m["name"]: m for m in admin(explicit, "/v2/repository/index").json()}
+        assert index["a"]["state"] == "READY" and "failed to load" in index["a"]["reason"]
+        publish(explicit.repository, "a", explicit.source / "bert-classification")
+        assert admin(explicit, "/v2/repository/models/a/load").status_code == 200
+        assert models(client)["a"]["load_error"] is None
+    assert samples(explicit.url, "bertserve_model_load_failed")[(("model", "a"),)] == 0
+    assert "model a version" in explicit.log() and "failed to load" in explicit.log()
+
+
+def raw_post(server, path: str) -> tuple[int, dict]:
+    """A POST with the path exactly as given (httpx would normalize '..')."""
+    connection = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=30)
+    try:
+        connection.request("POST", path, headers=ADMIN)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    finally:
+        connection.close()
+
+
+def test_unknown_names_are_404_and_bad_names_400(explicit) -> None:
+    for action in ("load", "unload"):
+        missing = admin(explicit, f"/v2/repository/models/no-such-model/{action}")
+        assert missing.status_code == 404 and missing.json()["error_type"] == "not_found", missing.text
+        for name in ("a%2Fb", "..", "a..b", "a%00b", "%2E%2E", "UPPER"):
+            status, body = raw_post(explicit, f"/v2/repository/models/{name}/{action}")
+            assert status == 400 and body["error_type"] == "bad_request" and body["field"] == "name", (name, body)
+    with explicit.client(headers=USER) as client:
+        assert set(models(client)) >= {"a"} and client.post(*CLASSIFY[:1], json=CLASSIFY[1]).status_code == 200
+
+
+def test_two_loads_of_one_model_at_once_are_served_one_after_the_other(explicit) -> None:
+    publish(explicit.repository, "a", explicit.source / "bert-classification")
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: admin(explicit, "/v2/repository/models/a/load"), range(2)))
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    assert answers[0].json()["version"] == answers[1].json()["version"]
+    with explicit.client(headers=USER) as client:
+        assert models(client)["a"]["version"] == answers[0].json()["version"]
+        assert client.post(*CLASSIFY[:1], json=CLASSIFY[1]).status_code == 200
+    assert explicit.process.poll() is None
+
+
+def test_the_routes_are_absent_unless_explicit(tiny_server) -> None:
+    assert httpx.post(tiny_server.url + "/v2/repository/index").status_code == 404
+
+
+def test_explicit_without_an_admin_key_file_refuses_to_start(tmp_path: Path) -> None:
+    done = run_service("--repository", str(tmp_path), "--model-control", "explicit")
+    assert done.returncode == 2 and "admin_api_key_file" in done.stderr, done.stderr
+    missing = tmp_path / "no-such.keys"
+    done = run_service(
+        "--repository", str(tmp_path), "--model-control", "explicit", "--admin-api-key-file", str(missing)
+    )
+    assert done.returncode == 2 and done.stderr.strip() == f"error: admin_api_key_file {missing} does not exist"

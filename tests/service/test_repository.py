@@ -1,0 +1,40 @@
+"""Entry names and versions (service.repository): the names a load call may carry, and a version that follows the
+entry's content."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from service.repository import entry_version, name_problem
+from tests.service.lifecycle import publish
+
+
+@pytest.mark.parametrize("name", ["a", "minilm-bert-sst2", "v1.2_b", "x" * 64])
+def test_names_of_entries_are_accepted(name: str) -> None:
+    assert name_problem(name) is None
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", "a..b", "../etc", "a\x00b", "Upper", ".hidden", "a.", "x" * 65])
+def test_names_that_could_leave_the_repository_are_refused(name: str) -> None:
+    problem = name_problem(name)
+    assert problem is not None and "not a model name" in problem
+    assert "\x00" not in problem  # a NUL is shown escaped
+
+
+def test_a_version_follows_the_content_and_names_the_export_time(tiny_repository: Path, tmp_path: Path) -> None:
+    publish(tmp_path, "a", tiny_repository / "bert-classification")
+    first = entry_version(tmp_path / "a")
+    created = json.loads((tmp_path / "a" / "model.json").read_text())["export"]["created_at"]
+    assert first.startswith(created[:10].replace("-", "")) and len(first.split("-")[-1]) == 12
+    assert entry_version(tmp_path / "a") == first  # the same files: the same version (from the cache or not)
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    assert entry_version(tmp_path / "copy") == first  # a copy of one export is the same version
+    publish(tmp_path, "a", tiny_repository / "bert-classification")
+    assert entry_version(tmp_path / "a") != first  # a new export is a new version
+    with (tmp_path / "copy" / "tokenizer.json").open("a") as tokenizer:
+        tokenizer.write(" ")
+    assert entry_version(tmp_path / "copy") != first
