@@ -11,7 +11,6 @@ the server's one error body, whose `error` is the protocol's error response.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,8 +23,7 @@ from starlette.routing import Route
 from service.errors import BadRequest
 from service.frontend import open_inference as oip
 from service.frontend.http import schemas
-from service.frontend.http.routes import admitted, json_body, server_state
-from service.frontend.pipeline import Timings
+from service.frontend.http.routes import admitted, json_body, server_state, timing_headers
 from service.wire.ticket import Ticket
 
 INFER_PATH = "/v2/models/{name}/infer"
@@ -247,18 +245,6 @@ def _answer(name: str, request_id: str | None, result: oip.InferResult, binary: 
     header = json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     headers[HEADER_LENGTH] = str(len(header))
     return Response(b"".join([header, *chunks]), media_type="application/octet-stream", headers=headers)
-
-
-def timing_headers(timings: Timings, ticket: Ticket) -> dict[str, str]:
-    """The native routes' timing headers (`routes.answer`)."""
-    return {
-        "x-total-time-ms": f"{1000 * (time.perf_counter() - ticket.started):.2f}",
-        "x-tokenization-time-ms": f"{1000 * timings.tokenization_s:.2f}",
-        "x-queue-time-ms": f"{1000 * timings.queue_s:.2f}",
-        "x-inference-time-ms": f"{1000 * timings.inference_s:.2f}",
-        "x-inference-calls": str(timings.inference_calls),
-        "x-rows": str(timings.rows),
-    }
 
 
 def infer_route() -> Route:
