@@ -429,6 +429,11 @@ class Settings(BaseSettings):
         configure_logging(self.log_level, self.access_log)
 
     @property
+    def admission_cold_requests(self) -> int:
+        """Requests admitted at once where no rate is measured yet, whatever they cost: one full batch of them."""
+        return max(8, self.max_batch_size)
+
+    @property
     def admission_floor_tokens(self) -> int:
         """Tokens admitted at once where no rate is measured yet (a cold or idle server): one full batch."""
         return self.max_batch_tokens

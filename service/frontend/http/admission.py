@@ -66,19 +66,22 @@ class AdmissionGate:
 
     The rate is the mean of the last `history` whole seconds: under overload, what the server can do (a mean, not the
     best second: an overestimate would admit more than the bound holds). Where no rate is known (a cold or idle
-    server), up to `floor_tokens` are admitted, so that the server learns one; once it is known, the floor is cut
-    to what the rate finishes within the bound: a model and request shape that finish few tokens a second get few in
-    flight. A request is always admitted while nothing is in flight: it cannot be answered sooner by waiting."""
+    server), up to `floor_tokens`, or `cold_requests` requests whatever they cost, are admitted, so that the server
+    learns one; once it is known, the floor is cut to what the rate finishes within the bound: a model and request
+    shape that finish few tokens a second get few in flight. A request is always admitted while nothing is in
+    flight: it cannot be answered sooner by waiting."""
 
     def __init__(
         self,
         max_queue_s: float,
         floor_tokens: int,
+        cold_requests: int = 1,
         history: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_queue_s = max_queue_s
         self.floor_tokens = floor_tokens
+        self.cold_requests = cold_requests
         self.in_flight = 0  # requests
         self.tokens_in_flight = 0.0
         self.mean_request_tokens = MIN_ESTIMATE  # of recent completed requests (an exponential mean)
@@ -109,11 +112,16 @@ class AdmissionGate:
         return max(rate * self.max_queue_s * TAIL_FACTOR, min(float(self.floor_tokens), rate * self.max_queue_s))
 
     def try_enter(self, tokens: float) -> Admission | None:
-        if self.in_flight and self.tokens_in_flight + tokens > self.limit():
+        if self.in_flight and self.tokens_in_flight + tokens > self.limit() and not self._cold_room():
             return None
         self.in_flight += 1
         self.tokens_in_flight += tokens
         return Admission(self, tokens)
+
+    def _cold_room(self) -> bool:
+        """Where no rate is known yet (a cold or idle server), `cold_requests` are admitted whatever they cost: a
+        burst at start-up is not refused while the first second's rate is measured."""
+        return self.in_flight < self.cold_requests and self.rate() <= 0
 
     def leave(self, tokens: float, completed: bool) -> None:
         self.in_flight -= 1

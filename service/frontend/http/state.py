@@ -41,7 +41,9 @@ class ServerState:
         self.registry = ModelRegistry(settings, self.metrics, self.engine)
         self.executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
         self.pipeline = RequestPipeline(settings, self.registry, self.engine, self.executor, self.metrics)
-        self.admission = AdmissionGate(settings.max_queue_s, settings.admission_floor_tokens)
+        self.admission = AdmissionGate(
+            settings.max_queue_s, settings.admission_floor_tokens, cold_requests=settings.admission_cold_requests
+        )
         self.draining = False
         self._last_verdict: Verdict | None = None
         self.on_readiness_change: Callable[[Verdict], None] = lambda verdict: None

@@ -34,6 +34,19 @@ def test_a_cold_gate_admits_its_floor_of_tokens_and_no_more() -> None:
     assert "before it has measured its speed" in gate.refusal()
 
 
+def test_a_cold_gate_admits_its_cold_requests_whatever_they_cost_until_a_rate_is_known() -> None:
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=1000, cold_requests=4, clock=clock)
+    assert [gate.try_enter(5000) is not None for _ in range(5)] == [True] * 4 + [False]
+    first = gate.try_enter(0)
+    assert first is None
+    finish_one = AdmissionGate(max_queue_s=2.0, floor_tokens=1000, cold_requests=4, clock=clock)
+    finish(finish_one, 1, tokens=100)
+    clock.now += 1  # a rate is known now: 100 tokens a second; the burst's cost counts
+    assert finish_one.try_enter(5000) is not None  # nothing in flight: admitted
+    assert finish_one.try_enter(5000) is None
+
+
 def test_one_request_is_admitted_while_nothing_is_in_flight_however_large() -> None:
     gate = AdmissionGate(max_queue_s=2.0, floor_tokens=100, clock=Clock())
     assert gate.try_enter(50_000) is not None
