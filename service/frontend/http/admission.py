@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 SCOPE_ADMISSION = "bertserve.admission"  # where an admitted request's Admission rides in the ASGI scope
 TAIL_FACTOR = 0.4  # the mean wait aimed at, as a share of the bound (see AdmissionGate.limit)
+FEW_FACTOR = 0.5  # the same for the first `cold_requests` in flight (see AdmissionGate._few_room)
 # A request body's bytes per token, for the estimate at the door: English WordPiece and BPE give ~4 characters a
 # token (measured: SST-2 sentences 4.3, SQuAD contexts 4.6 with MiniLM's vocabulary), JSON adds a few bytes a
 # request. The estimate is replaced by the real count as soon as the request is tokenized.
@@ -61,15 +62,15 @@ class Admission:
 
 
 class AdmissionGate:
-    """Admit while tokens in flight / recent tokens finished a second <= 0.4 x `max_queue_s`, or up to one full
-    batch where the rate finishes it within the bound (`limit`).
+    """Admit while tokens in flight / recent tokens finished a second <= 0.4 x `max_queue_s` (0.5 for the first
+    `cold_requests` in flight).
 
     The rate is the mean of the last `history` whole seconds: under overload, what the server can do (a mean, not the
     best second: an overestimate would admit more than the bound holds). Where no rate is known (a cold or idle
     server), up to `floor_tokens`, or `cold_requests` requests whatever they cost, are admitted, so that the server
-    learns one; once it is known, the floor is cut to what the rate finishes within the bound: a model and request
-    shape that finish few tokens a second get few in flight. A request is always admitted while nothing is in
-    flight: it cannot be answered sooner by waiting."""
+    learns one; once it is known, the rate alone sets the limit: a model and request shape that finish few tokens a
+    second get few in flight. A request is always admitted while nothing is in flight: it cannot be answered sooner
+    by waiting."""
 
     def __init__(
         self,
@@ -102,26 +103,30 @@ class AdmissionGate:
         the mean time in the server; the slowest admitted requests (p99, measured on 2 cores, open-loop overload at
         3x) took 2.3x the median, so 40% keeps them, not only the average, within the bound.
 
-        At least one full batch (`floor_tokens`) is admitted, so that batches fill, but only as much of it as the
-        measured rate finishes within the whole bound: a closed loop of a few clients at saturation (their mean
-        wait, by Little's law, is clients / rate) is not refused work the server does in time, and heavy requests
-        (32 long QA contexts were 4 s of work) are."""
+        The first `cold_requests` in flight may go up to half the bound (`_few_room`)."""
         rate = self.rate()
         if rate <= 0:
             return float(self.floor_tokens)
-        return max(rate * self.max_queue_s * TAIL_FACTOR, min(float(self.floor_tokens), rate * self.max_queue_s))
+        return rate * self.max_queue_s * TAIL_FACTOR
 
     def try_enter(self, tokens: float) -> Admission | None:
-        if self.in_flight and self.tokens_in_flight + tokens > self.limit() and not self._cold_room():
+        if self.in_flight and self.tokens_in_flight + tokens > self.limit() and not self._few_room(tokens):
             return None
         self.in_flight += 1
         self.tokens_in_flight += tokens
         return Admission(self, tokens)
 
-    def _cold_room(self) -> bool:
-        """Where no rate is known yet (a cold or idle server), `cold_requests` are admitted whatever they cost: a
-        burst at start-up is not refused while the first second's rate is measured."""
-        return self.in_flight < self.cold_requests and self.rate() <= 0
+    def _few_room(self, tokens: float) -> bool:
+        """Room for one of the first `cold_requests` in flight. Where no rate is known yet (a cold or idle server)
+        they are admitted whatever they cost: a burst at start-up is not refused while the first second's rate is
+        measured. Once it is, up to half the bound: a closed loop of a few clients at saturation, whose mean wait
+        (clients / rate, Little's law) sits just under 40% of the bound, is not refused as the rate wobbles (each
+        refusal, retried at once, costs the server and lowers the rate further), while heavy requests are: 32 long
+        QA contexts were 4 s of work against a 2 s bound (issue 30); half of it holds 7 of them."""
+        if self.in_flight >= self.cold_requests:
+            return False
+        rate = self.rate()
+        return rate <= 0 or self.tokens_in_flight + tokens <= rate * self.max_queue_s * FEW_FACTOR
 
     def leave(self, tokens: float, completed: bool) -> None:
         self.in_flight -= 1

@@ -65,51 +65,44 @@ def test_the_limit_is_the_measured_rate_of_tokens_times_the_bound() -> None:
     assert gate.retry_after_s() == 1  # 800 tokens in flight at 1,000 a second
 
 
-def test_one_batch_is_admitted_where_the_rate_finishes_it_within_the_bound() -> None:
-    clock = Clock()
-    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
-    finish(gate, 50, tokens=20)
-    clock.now += 1
-    assert gate.limit() == pytest.approx(2000)  # the batch's tokens, cut to what 1,000 a second finish in 2 s
-    assert sum(gate.try_enter(20) is not None for _ in range(150)) == 100
-    assert gate.retry_after_s() == 2
-
-
-def test_once_a_rate_is_known_the_floor_no_longer_admits_heavy_work() -> None:
+def test_once_a_rate_is_known_heavy_work_is_admitted_by_what_the_rate_finishes() -> None:
     """The fault of issue 30: a floor of 32 requests let 32 long QA requests (3 windows of 384 tokens, 215 ms each
-    alone) in, 4 s of work against a 2 s bound. At ~8 such requests a second, one batch's tokens (8,192) hold 7."""
+    alone) in, 4 s of work against a 2 s bound. At ~8 such requests a second: the first 32 in flight up to half
+    the bound (8 requests' worth, 7 of them fit), and no more."""
     clock = Clock()
-    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, cold_requests=32, clock=clock)
     qa_request = 3 * 384
     finish(gate, 8, tokens=qa_request)
     clock.now += 1
     admitted = sum(gate.try_enter(qa_request) is not None for _ in range(32))
-    assert admitted == 7
-    assert gate.expected_wait_s() == pytest.approx(7 / 8)
+    assert admitted == 8
+    assert gate.expected_wait_s() == pytest.approx(1.0)
 
 
-def test_the_floor_is_cut_to_what_the_rate_finishes_within_the_bound() -> None:
-    """A slow model (one QA request a second): one batch of tokens would be 7 s of work; the whole bound's worth,
-    2 requests, is the most admitted."""
+def test_a_slow_model_gets_few_in_flight() -> None:
+    """One QA request a second: half the bound holds one more beside the first."""
     clock = Clock()
-    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, cold_requests=32, clock=clock)
     qa_request = 3 * 384
     finish(gate, 1, tokens=qa_request)
     clock.now += 1
-    assert gate.limit() == pytest.approx(2 * qa_request)
-    assert sum(gate.try_enter(qa_request) is not None for _ in range(8)) == 2
+    assert sum(gate.try_enter(qa_request) is not None for _ in range(8)) == 1
 
 
 def test_a_closed_loop_at_saturation_is_not_refused() -> None:
     """Six clients of 16 sentences (~400 tokens a request) on a server that answers 8 such requests a second: their
-    mean wait is 0.75 s, within the 2 s bound. 40% of the bound alone (0.8 s of work, ~6.4 requests) refused them at
-    the edge, as the rate wobbled; the floor, cut to the bound, holds 16."""
+    mean wait is 0.75 s. 40% of the 2 s bound (0.8 s of work, 6.4 requests) refused them as the rate wobbled 10%;
+    the first 32 in flight may take half the bound."""
     clock = Clock()
-    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, clock=clock)
-    finish(gate, 8, tokens=400)
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, cold_requests=32, clock=clock)
+    finish(gate, 7, tokens=400)  # the rate 10% under its mean
     clock.now += 1
     assert all(gate.try_enter(400) is not None for _ in range(6))
-    assert gate.limit() == pytest.approx(2 * 8 * 400)
+    assert gate.limit() == pytest.approx(0.4 * 2 * 7 * 400)
+    many = AdmissionGate(max_queue_s=2.0, floor_tokens=8192, cold_requests=2, clock=clock)
+    finish(many, 7, tokens=400)
+    clock.now += 1
+    assert sum(many.try_enter(400) is not None for _ in range(6)) == 5  # 40% of the bound past the first two
 
 
 def test_the_estimate_at_the_door_is_replaced_by_the_charge() -> None:
