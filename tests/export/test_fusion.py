@@ -54,7 +54,7 @@ def test_other_architectures_fuse_the_same_as_the_stock_optimizer(tiny_checkpoin
 
 def test_partial_fusion_is_refused() -> None:
     with pytest.raises(ExportError, match="attention is fused in 2 of 3 layers"):
-        check_attention_fused({"Attention": 2, "SkipLayerNormalization": 6}, 3)
+        check_attention_fused({"Attention": 2, "SkipLayerNormalization": 6}, 3, None)
 
 
 def _skip_layer_norm_graph(
