@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 SCOPE_ADMISSION = "bertserve.admission"  # where an admitted request's Admission rides in the ASGI scope
 TAIL_FACTOR = 0.4  # the mean wait aimed at, as a share of the bound (see AdmissionGate.limit)
-FEW_FACTOR = 0.5  # the same for the first `cold_requests` in flight (see AdmissionGate._few_room)
 # A request body's bytes per token, for the estimate at the door: English WordPiece and BPE give ~4 characters a
 # token (measured: SST-2 sentences 4.3, SQuAD contexts 4.6 with MiniLM's vocabulary), JSON adds a few bytes a
 # request. The estimate is replaced by the real count as soon as the request is tokenized.
@@ -62,15 +61,13 @@ class Admission:
 
 
 class AdmissionGate:
-    """Admit while tokens in flight / recent tokens finished a second <= 0.4 x `max_queue_s` (0.5 for the first
-    `cold_requests` in flight).
+    """Admit while tokens in flight / recent tokens finished a second <= 0.4 x `max_queue_s`, or within the floor: up
+    to `cold_requests` requests and `floor_tokens` tokens in flight.
 
     The rate is the mean of the last `history` whole seconds: under overload, what the server can do (a mean, not the
-    best second: an overestimate would admit more than the bound holds). Where no rate is known (a cold or idle
-    server), up to `floor_tokens`, or `cold_requests` requests whatever they cost, are admitted, so that the server
-    learns one; once it is known, the rate alone sets the limit: a model and request shape that finish few tokens a
-    second get few in flight. A request is always admitted while nothing is in flight: it cannot be answered sooner
-    by waiting."""
+    best second: an overestimate would admit more than the bound holds). A model and request shape that finish few
+    tokens a second get few in flight beyond the floor. A request is always admitted while nothing is in flight: it
+    cannot be answered sooner by waiting."""
 
     def __init__(
         self,
@@ -103,30 +100,29 @@ class AdmissionGate:
         the mean time in the server; the slowest admitted requests (p99, measured on 2 cores, open-loop overload at
         3x) took 2.3x the median, so 40% keeps them, not only the average, within the bound.
 
-        The first `cold_requests` in flight may go up to half the bound (`_few_room`)."""
+        Beside it, the floor (`_floor_room`)."""
         rate = self.rate()
         if rate <= 0:
             return float(self.floor_tokens)
         return rate * self.max_queue_s * TAIL_FACTOR
 
     def try_enter(self, tokens: float) -> Admission | None:
-        if self.in_flight and self.tokens_in_flight + tokens > self.limit() and not self._few_room(tokens):
+        if self.in_flight and self.tokens_in_flight + tokens > self.limit() and not self._floor_room(tokens):
             return None
         self.in_flight += 1
         self.tokens_in_flight += tokens
         return Admission(self, tokens)
 
-    def _few_room(self, tokens: float) -> bool:
-        """Room for one of the first `cold_requests` in flight. Where no rate is known yet (a cold or idle server)
-        they are admitted whatever they cost: a burst at start-up is not refused while the first second's rate is
-        measured. Once it is, up to half the bound: a closed loop of a few clients at saturation, whose mean wait
-        (clients / rate, Little's law) sits just under 40% of the bound, is not refused as the rate wobbles (each
-        refusal, retried at once, costs the server and lowers the rate further), while heavy requests are: 32 long
-        QA contexts were 4 s of work against a 2 s bound (issue 30); half of it holds 7 of them."""
+    def _floor_room(self, tokens: float) -> bool:
+        """The floor, whatever the measured rate: up to `cold_requests` requests and one batch of tokens
+        (`floor_tokens`) in flight, so that a burst after a quiet spell (whose completion rate says little of what
+        the server can do) fills a batch, and a closed loop of a few clients at saturation is not refused as the
+        rate wobbles; heavy requests stop at one batch: 7 long QA contexts of MiniLM, not the 32 (4 s of work on 2
+        cores) that a floor counted in requests admitted (issue 30). Where no rate is known at all (a cold or idle
+        server), `cold_requests` are admitted whatever they cost."""
         if self.in_flight >= self.cold_requests:
             return False
-        rate = self.rate()
-        return rate <= 0 or self.tokens_in_flight + tokens <= rate * self.max_queue_s * FEW_FACTOR
+        return self.tokens_in_flight + tokens <= self.floor_tokens or self.rate() <= 0
 
     def leave(self, tokens: float, completed: bool) -> None:
         self.in_flight -= 1
