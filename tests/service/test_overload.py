@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -36,12 +35,8 @@ def test_admitted_long_qa_requests_queue_within_the_bound_at_3x_overload(real_re
     with httpx.Client(base_url=server.url, timeout=60) as client:
         windows = client.post(path, json=bodies[0]).headers["x-rows"]
         assert int(windows) == 3  # the shape is what it says: three windows a request
-        alone = []
-        for body in bodies[:5]:
-            started = time.perf_counter()
+        for body in bodies[:5]:  # warm, one at a time
             client.post(path, json=body).raise_for_status()
-            alone.append(time.perf_counter() - started)
-    alone_s = sorted(alone)[2]
     rate = run_load(server.url, path, bodies, [1] * len(bodies), clients=4, seconds=5).sequences_per_s  # the 200s
     host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
     requests = [post_request(host, path, json.dumps(body).encode()) for body in bodies]
@@ -55,4 +50,3 @@ def test_admitted_long_qa_requests_queue_within_the_bound_at_3x_overload(real_re
     # The whole promise (answered within the bound plus one request's time alone, as the client counts it from when
     # the request was due) is the benchmark's (benchmarks.reliability overload --shape qa-long): on a loaded 2-core
     # machine the open-loop client's own lag lands in that figure, while the server's queue time is the server's.
-    assert alone_s > 0
