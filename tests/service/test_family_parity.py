@@ -14,7 +14,7 @@ from bertcore.model_config import ModelConfig
 from bertcore.tasks import qa
 from bertcore.tokenization import TextTokenizer
 from tests.service.conftest import Server
-from tests.service.test_parity import CLASSIFY_TEXTS, NER_TEXTS, assert_same_labels, classifier, tagger
+from tests.service.test_parity import CLASSIFY_TEXTS, assert_ner_equals_the_pipeline, assert_same_labels, classifier
 from tests.tiny_models import FAMILIES
 
 QA_INPUTS = [
@@ -59,22 +59,7 @@ def test_family_classification_equals_the_pipeline(family_server: Server, tiny_c
 @pytest.mark.parametrize("strategy", ["none", "simple", "first"])
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_family_ner_equals_the_pipeline(family_server: Server, tiny_checkpoint, arch: str, strategy: str) -> None:
-    reference = tagger(str(tiny_checkpoint(arch, "ner")), strategy)
-    with family_server.client() as client:
-        response = client.post(
-            f"/v1/models/{arch}-ner/ner", json={"inputs": NER_TEXTS, "aggregation_strategy": strategy}
-        )
-    assert response.status_code == 200, response.text
-    keys = (
-        ("entity", "index", "word", "start", "end") if strategy == "none" else ("entity_group", "word", "start", "end")
-    )
-    compared = 0
-    for text, got in zip(NER_TEXTS, response.json()["results"], strict=True):
-        got = [{k: v for k, v in entity.items() if v is not None} for entity in got]
-        want = reference(text)
-        assert_same_labels(got, want, keys)
-        compared += len(want)
-    assert compared > 0, "the tiny model found no entity at all: nothing was compared"
+    assert_ner_equals_the_pipeline(family_server, tiny_checkpoint(arch, "ner"), f"{arch}-ner", strategy)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)

@@ -67,11 +67,14 @@ def test_classification_equals_the_pipeline(tiny_server: Server, tiny_checkpoint
 @pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_ner_equals_the_pipeline(tiny_server: Server, tiny_checkpoint, arch: str, strategy: str) -> None:
-    reference = tagger(str(tiny_checkpoint(arch, "ner")), strategy)
-    with tiny_server.client() as client:
-        response = client.post(
-            f"/v1/models/{arch}-ner/ner", json={"inputs": NER_TEXTS, "aggregation_strategy": strategy}
-        )
+    assert_ner_equals_the_pipeline(tiny_server, tiny_checkpoint(arch, "ner"), f"{arch}-ner", strategy)
+
+
+def assert_ner_equals_the_pipeline(server: Server, checkpoint: Path, name: str, strategy: str) -> None:
+    """The served entities of NER_TEXTS equal transformers' token-classification pipeline on the checkpoint."""
+    reference = tagger(str(checkpoint), strategy)
+    with server.client() as client:
+        response = client.post(f"/v1/models/{name}/ner", json={"inputs": NER_TEXTS, "aggregation_strategy": strategy})
     assert response.status_code == 200, response.text
     keys = (
         ("entity", "index", "word", "start", "end") if strategy == "none" else ("entity_group", "word", "start", "end")
