@@ -100,12 +100,7 @@ class InferenceService:
         gate = state.admission
         admission = gate.try_enter(estimate_tokens(request.ByteSize(), gate.mean_request_tokens))
         if admission is None:
-            raise Overloaded(
-                f"the server is at capacity: {gate.in_flight} requests in flight, about {gate.expected_wait_s():.1f} s "
-                f"of work, would leave a new one no chance to be answered within --max-queue-s {gate.max_queue_s:g}; "
-                "retry shortly",
-                retry_after_s=gate.retry_after_s(),
-            )
+            raise Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s())
         completed = False
         try:
             ticket = _ticket(state.settings, context)

@@ -219,6 +219,26 @@ def test_overload_is_resource_exhausted_with_a_retry_hint(strict_oip_server) -> 
         assert stub.ModelInfer(GOOD, metadata=AUTH, timeout=30).outputs[0].name == "label"
 
 
+def test_a_cold_server_refuses_with_resource_exhausted_and_its_reason(oip_repository, server_factory) -> None:
+    """Before the gate has measured a rate it admits `max(8, --max-batch-size)` requests whatever they cost; the
+    next got INTERNAL ("internal server error"): the refusal's message formatted the unknown wait as a number."""
+    port = free_port()
+    server = server_factory(oip_repository, "--grpc-port", str(port), "--max-batch-size", "8")
+    heavy = raw_request("bert-classification", "text", [b"a long sentence about a movie " * 12] * 64)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        calls = [stub.ModelInfer.future(heavy, timeout=60) for _ in range(24)]
+        refused = []
+        for call in calls:
+            call.exception()
+            assert call.code() in (grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED), call.details()
+            if call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                refused.append(call.details())
+        assert refused and all("the server is at capacity" in details for details in refused), refused
+        assert stub.ModelInfer(GOOD, timeout=30).outputs[0].name == "label"
+    assert "Traceback" not in server.log()
+
+
 def test_tritonclient_raises_the_status(oip_server) -> None:
     client = grpcclient.InferenceServerClient(url=oip_server.grpc_url)
     with pytest.raises(InferenceServerException, match="no model named") as error:
