@@ -69,8 +69,8 @@ test: $(INSTALLED)
 
 # The GPU suite (tests/gpu, marker gpu: fp16 on CUDA against fp32 on the CPU on the shared data, CUDA graphs, buckets,
 # process mode on CUDA), which `make test` skips where onnxruntime has no CUDA provider. Here a missing provider, GPU or
-# shared data fails it. On a lent GPU machine prepared by ../shared/tools/gpu_prep.sh and tests/gpu/pack_shared.sh:
-# `BERTSERVE_SHARED=/tmp/shared make test-gpu GPU_PYTHON=python3` (docs/gpu.md).
+# shared data fails it. For a lent GPU machine, tests/gpu/device_pack.sh packs what it lacks and prints the runs to
+# make; the last, tests/gpu/device_run.sh, runs this suite there and then the NER/QA benchmark (docs/gpu.md).
 GPU_PYTHON ?= $(PY)
 .PHONY: test-gpu
 test-gpu:

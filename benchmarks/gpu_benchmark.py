@@ -27,7 +27,9 @@ carry a copy of ../shared/data/sst2 and ../shared/models/minilm-bert-sst2 (45 Mi
 it, and the fastapi-offline wheel, which gpu_prep.sh does not bring (a server without it exits at start; the
 served parts say what is missing). The BERT-base build (about 220 MB of fp16 ONNX) happens there, in --workdir,
 and is reused by later runs: `--build-only --models bert-base` with only the MiniLM tokenizer files in
-BERTSERVE_SHARED builds it in a transfer of its own.
+BERTSERVE_SHARED builds it in a transfer of its own. For the MiniLM models, tests/gpu/device_pack.sh packs all of
+this (and grpcio and protobuf as new as the service needs), and its last run, tests/gpu/device_run.sh, runs the
+NER/QA benchmark after the GPU suite (docs/gpu.md).
 
 Everything runs on 127.0.0.1; every load is bounded by --seconds; a part that would overrun --budget-s is
 skipped with a reason, and a part that fails is reported as failed, so that the table is always printed.

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The last run on a lent GPU machine (tests/gpu/device_pack.sh copies this script next to the last piece and prints
+# the runs): the earlier runs put the other pieces in /tmp/q; this adds its own, checks them, unpacks and installs
+# them in /tmp/site and /tmp/stage, runs the GPU suite, then the NER/QA benchmark where more than 100 s are left.
+#
+#   SUITE_S=330 TOTAL_S=570 bash .gpu/q/qN/device_run.sh    # in the project root; or: bash tests/gpu/device_run.sh DIR
+#
+# Writes $OUT/gpu_suite.log, $OUT/gpu_bench.log and $OUT/gpu_benchmark.json. BENCH_MODELS (minilm-ner,minilm-qa)
+# and BENCH_ARGS (more gpu_benchmark flags) change the benchmark: BENCH_MODELS=minilm BENCH_ARGS='--clients-16 192'.
+start=$(date +%s)
+here=${1:-$(cd "$(dirname "$0")" && pwd)}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/q /tmp/stage /tmp/site
+cp "$here"/part.* /tmp/q/ || exit 2
+(cd /tmp/q && sha256sum --quiet -c "$here/parts.sha256") ||
+  { echo "pieces missing or broken in /tmp/q: a fresh machine needs every run of device_pack.sh again"; exit 2; }
+set -x
+cat /tmp/q/part.* | tar x -C /tmp/stage || exit 3
+xz -d -T0 < /tmp/stage/ort.tar.xz | tar x -C /tmp/site || exit 4
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/stage/wheels/*.whl || exit 5
+export PYTHONPATH=/tmp/site:$PWD
+nv=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:$nv/cu13/lib:$nv/cudnn/lib:/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 BERTSERVE_SHARED=/tmp/stage/shared
+set +x
+echo "unpacked in $(( $(date +%s) - start )) s"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
+python3 -c 'import onnxruntime as o, google.protobuf as p, grpc, transformers, torch; print(o.__version__, o.get_available_providers(), p.__version__, grpc.__version__, transformers.__version__, torch.__version__)'
+BERTSERVE_REQUIRE_GPU=1 timeout "${SUITE_S:-330}" python3 -m pytest -m gpu tests/gpu -v -rs -s -p no:cacheprovider --durations=10 2>&1 |
+  tee "$OUT/gpu_suite.log" | grep -v -e 'Loading weights' -e 'it/s]'
+echo "suite rc ${PIPESTATUS[0]} at $(( $(date +%s) - start )) s"
+left=$(( ${TOTAL_S:-570} - ($(date +%s) - start) ))
+if [ "$left" -gt 100 ]; then
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+  timeout "$left" python3 -m benchmarks.gpu_benchmark --device cuda --models "${BENCH_MODELS:-minilm-ner,minilm-qa}" \
+    --parts raw,serve --seconds 6 --warmup-seconds 2 --raw-seconds 3 --budget-s $(( left - 10 )) --workdir /tmp/bench \
+    --report "$OUT/gpu_benchmark.json" ${BENCH_ARGS:-} \
+    --server-args '--engine-mode process --frontends 12 --max-batch-size 256 --max-batch-tokens 16384' 2>&1 |
+    tee "$OUT/gpu_bench.log" | grep -v -e 'Loading weights' -e 'it/s]'
+  echo "bench rc ${PIPESTATUS[0]} at $(( $(date +%s) - start )) s"
+else
+  echo "no benchmark: $left s left (TOTAL_S ${TOTAL_S:-570})"
+fi
