@@ -29,6 +29,7 @@ class Answer:
     status: int
     retry_after: bool = False
     queue_ms: float | None = None  # the server's x-queue-time-ms, where it sent one
+    server_ms: float | None = None  # the server's x-total-time-ms: its own time, from the request's start
 
 
 @dataclass
@@ -48,8 +49,12 @@ class OpenLoopResult:
 
     def queue_ms(self, q: float) -> float:
         """The server's own queue time (x-queue-time-ms) of the 200s, at quantile q."""
-        values = sorted(a.queue_ms for a in self.answers if a.status == 200 and a.queue_ms is not None)
-        return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+        return _quantile([a.queue_ms for a in self.answers if a.status == 200 and a.queue_ms is not None], q)
+
+    def server_ms(self, q: float) -> float:
+        """The server's own time (x-total-time-ms) of the 200s, at quantile q: the rest of a client's time went
+        before the server read the request (the listen backlog, the event loop) or after it wrote the answer."""
+        return _quantile([a.server_ms for a in self.answers if a.status == 200 and a.server_ms is not None], q)
 
     def probe_ms(self, name: str, q: float) -> float:
         values = sorted(self.probe_seconds.get(name, []))
@@ -70,6 +75,8 @@ class OpenLoopResult:
             "p99_ms_200": round(self.latency_ms(0.99), 1),
             "queue_p50_ms_200": round(self.queue_ms(0.50), 1),
             "queue_p99_ms_200": round(self.queue_ms(0.99), 1),
+            "server_p50_ms_200": round(self.server_ms(0.50), 1),
+            "server_p99_ms_200": round(self.server_ms(0.99), 1),
             "max_ms_200": round(self.latency_ms(1.0), 1),
             "p99_ms_429": round(self.latency_ms(0.99, 429), 1),
             "probes": {
@@ -85,27 +92,36 @@ class OpenLoopResult:
         }
 
 
-async def _exchange(host: str, port: int, request: bytes) -> tuple[int, bool, float | None]:
+@dataclass
+class Reply:
+    status: int
+    retry_after: bool = False
+    queue_ms: float | None = None
+    server_ms: float | None = None
+
+
+async def _exchange(host: str, port: int, request: bytes) -> Reply:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(request)
         await writer.drain()
         status_line = await reader.readline()
         if not status_line:
-            return CONNECTION_ERROR, False, None
-        status = int(status_line.split()[1])
-        length, retry_after, queue_ms = 0, False, None
+            return Reply(CONNECTION_ERROR)
+        reply, length = Reply(int(status_line.split()[1])), 0
         while (line := await reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode("latin-1").partition(":")
             name = name.strip().lower()
             if name == "content-length":
                 length = int(value)
             elif name == "retry-after":
-                retry_after = value.strip().isdigit()
+                reply.retry_after = value.strip().isdigit()
             elif name == "x-queue-time-ms":
-                queue_ms = float(value)
+                reply.queue_ms = float(value)
+            elif name == "x-total-time-ms":
+                reply.server_ms = float(value)
         await reader.readexactly(length)
-        return status, retry_after, queue_ms
+        return reply
     finally:
         writer.close()
 
@@ -119,14 +135,15 @@ def post_request(host: str, path: str, body: bytes) -> bytes:
 
 
 async def _one(host: str, port: int, request: bytes, due: float, timeout: float, result: OpenLoopResult) -> None:
-    queue_ms = None
     try:
-        status, retry_after, queue_ms = await asyncio.wait_for(_exchange(host, port, request), timeout)
+        reply = await asyncio.wait_for(_exchange(host, port, request), timeout)
     except TimeoutError:
-        status, retry_after = NO_ANSWER, False
+        reply = Reply(NO_ANSWER)
     except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
-        status, retry_after = CONNECTION_ERROR, False
-    result.answers.append(Answer(due, time.perf_counter() - due, status, retry_after, queue_ms))
+        reply = Reply(CONNECTION_ERROR)
+    result.answers.append(
+        Answer(due, time.perf_counter() - due, reply.status, reply.retry_after, reply.queue_ms, reply.server_ms)
+    )
 
 
 def _probe_process(host: str, port: int, seconds: float, every_s: float, timeout: float, out) -> None:
@@ -193,3 +210,8 @@ async def open_loop(
         result.probe_seconds[name], result.probe_failures[name] = receiver.recv()
         process.join()
     return result
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
