@@ -1,9 +1,12 @@
-"""Admission's time bound under open-loop overload, with heavy requests: the real MiniLM SQuAD checkpoint and long
-contexts of real SQuAD paragraphs (3 windows of 384 tokens each), against a real server process.
+"""Admission's time bound under open-loop overload, with heavy requests, against real server processes: the real
+MiniLM SQuAD checkpoint with long contexts of real SQuAD paragraphs (3 windows of 384 tokens each), and the real
+MiniLM CoNLL-2003 checkpoint with 40 test sentences a text, in process mode.
 
-The fault this holds down (issue 30): the front door always admitted 32 requests, whatever each cost, so at 3x
-overload admitted QA requests queued 2-3x the bound. Counted in tokens, the door admits what the measured rate
-answers within the bound.
+The faults these hold down (issue 30): the front door always admitted 32 requests, whatever each cost, so at 3x
+overload admitted QA requests queued 2-3x the bound; counted in tokens, the door admits what the measured rate
+answers within the bound. In process mode on 2 cores long NER texts, whose front-end work competes with the engine,
+took 2.4x their median at the tail, and the floor (one batch of tokens) was 2.7 s of that work: admitted answers
+took 3.7 s against 2 s, until the gate learnt from what answers really took.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import httpx
 import pytest
 
 from benchmarks.loadclient import run_load
-from benchmarks.openloop import open_loop, post_request
+from benchmarks.openloop import OpenLoopResult, open_loop, post_request
 from benchmarks.realdata import shared_available
 from benchmarks.request_shapes import SHAPES
 
@@ -24,6 +27,17 @@ BOUND_S = 2.0  # the default --max-queue-s
 FACTOR = 3.0
 
 needs_shared = pytest.mark.skipif(not shared_available(), reason="../shared (real checkpoints and data) is absent")
+
+
+def open_loop_at(server, shape_name: str, factor: float, seconds: float = 8) -> tuple[float, OpenLoopResult]:
+    """The shape's capacity (a closed loop of 4 clients, its 200s a second), then an open loop at `factor` x it;
+    returns the capacity and the open loop's result."""
+    shape = SHAPES[shape_name]
+    bodies, path = shape.bodies(64), shape.path()
+    rate = run_load(server.url, path, bodies, [1] * len(bodies), clients=4, seconds=5).sequences_per_s
+    host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
+    requests = [post_request(host, path, json.dumps(body).encode()) for body in bodies]
+    return rate, asyncio.run(open_loop(host, port, requests, rate * factor, seconds=seconds, timeout=30))
 
 
 @needs_shared
@@ -37,10 +51,7 @@ def test_admitted_long_qa_requests_queue_within_the_bound_at_3x_overload(real_re
         assert int(windows) == 3  # the shape is what it says: three windows a request
         for body in bodies[:5]:  # warm, one at a time
             client.post(path, json=body).raise_for_status()
-    rate = run_load(server.url, path, bodies, [1] * len(bodies), clients=4, seconds=5).sequences_per_s  # the 200s
-    host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
-    requests = [post_request(host, path, json.dumps(body).encode()) for body in bodies]
-    result = asyncio.run(open_loop(host, port, requests, rate * FACTOR, seconds=8, timeout=30))
+    rate, result = open_loop_at(server, shape.name, FACTOR)
 
     statuses = result.statuses()
     assert set(statuses) <= {200, 429}, statuses
@@ -50,3 +61,29 @@ def test_admitted_long_qa_requests_queue_within_the_bound_at_3x_overload(real_re
     # The whole promise (answered within the bound plus one request's time alone, as the client counts it from when
     # the request was due) is the benchmark's (benchmarks.reliability overload --shape qa-long): on a loaded 2-core
     # machine the open-loop client's own lag lands in that figure, while the server's queue time is the server's.
+
+
+@needs_shared
+def test_long_ner_in_process_mode_is_answered_within_the_bound_plus_its_own_time(
+    real_repository: Path, server_factory
+) -> None:
+    """The promise as the server counts it (x-total-time-ms, from the request's arrival to its answer): admitted
+    requests' p99 within --max-queue-s plus one such request's own time alone."""
+    shape = SHAPES["ner-long"]
+    server = server_factory(
+        real_repository, "--models", shape.checkpoint, "--engine-mode", "process", "--max-queue-s", str(BOUND_S)
+    )
+    alone = []
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for body in shape.bodies(6):  # the first warms
+            response = client.post(shape.path(), json=body)
+            response.raise_for_status()
+            alone.append(float(response.headers["x-total-time-ms"]) / 1000)
+    alone_s = sorted(alone[1:])[len(alone[1:]) // 2]
+    rate, result = open_loop_at(server, shape.name, FACTOR)
+
+    statuses = result.statuses()
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses[429] > 0 and statuses[200] > 0, statuses
+    server_p99_s = result.server_ms(0.99) / 1000
+    assert server_p99_s <= BOUND_S + alone_s, (server_p99_s, alone_s, statuses, rate)

@@ -11,6 +11,13 @@ At the door, before the body is read, a request's tokens are estimated from its 
 is tokenized it is charged what it really is (`Admission.charge`: every row, every window). It knows nothing of
 HTTP. The batcher bounds its own queue in time the same way, from its measured cost per token
 (service.engine.batcher).
+
+Little's law gives the mean; the promise is about the slowest. How far the slowest lie from the mean depends on the
+request shape and the process layout (long NER texts in process mode, on 2 cores, took 2.4x their median: their
+front-end work competes with the engine for the cores), and the floor admits one batch of tokens whatever the rate,
+which on a slow model is more than the bound. So the gate also checks what admitted requests really took: an
+answer later than 80% of the bound shrinks what the gate admits (`scale`), in proportion; answers well within it
+let it grow back, a tenth a second.
 """
 
 from __future__ import annotations
@@ -27,6 +34,17 @@ TAIL_FACTOR = 0.4  # the mean wait aimed at, as a share of the bound (see Admiss
 # request. The estimate is replaced by the real count as soon as the request is tokenized.
 BYTES_PER_TOKEN = 4.0
 MIN_ESTIMATE = 8.0  # the least a request is taken to cost at the door (special tokens, a short text)
+# The feedback from answers' times (AdmissionGate.scale): a request admitted after the last cut that took longer than
+# LATE x the bound cuts the scale to aim its like at CUT_AIM of the bound (at most halving it at once, never below
+# MIN_SCALE); a second whose slowest answer took under GROW_BELOW of the bound, or with nothing in flight, grows it by
+# GROWTH, up to 1. The margin under the bound is for what the gate does not see: the time before a request reaches
+# it (the listen backlog, a busy event loop) and after its answer leaves.
+LATE = 0.8
+CUT_AIM = 0.6
+MAX_CUT = 0.5
+MIN_SCALE = 0.05
+GROW_BELOW = 0.5
+GROWTH = 1.1
 
 
 def estimate_tokens(body_bytes: int | None, recent_mean: float) -> float:
@@ -40,9 +58,10 @@ def estimate_tokens(body_bytes: int | None, recent_mean: float) -> float:
 class Admission:
     """One admitted request's share of the gate: its work in tokens, estimated at the door, charged once known."""
 
-    def __init__(self, gate: AdmissionGate, tokens: float) -> None:
+    def __init__(self, gate: AdmissionGate, tokens: float, admitted_at: float) -> None:
         self._gate = gate
         self.tokens = tokens
+        self.admitted_at = admitted_at
         self.charged = False
         self._left = False
 
@@ -58,11 +77,14 @@ class Admission:
         if not self._left:
             self._left = True
             self._gate.leave(self.tokens, completed and self.charged)
+            if self.charged:  # it did its work: how long it took says how much the gate may admit
+                self._gate.took(self._gate.clock() - self.admitted_at, self.admitted_at)
 
 
 class AdmissionGate:
     """Admit while tokens in flight / recent tokens finished a second <= 0.4 x `max_queue_s`, or within the floor: up
-    to `cold_requests` requests and `floor_tokens` tokens in flight.
+    to `cold_requests` requests and `floor_tokens` tokens in flight; both times `scale`, the share that the answers'
+    own times leave (`took`).
 
     The rate is the mean of the last `history` whole seconds: under overload, what the server can do (a mean, not the
     best second: an overestimate would admit more than the bound holds). A model and request shape that finish few
@@ -83,7 +105,11 @@ class AdmissionGate:
         self.in_flight = 0  # requests
         self.tokens_in_flight = 0.0
         self.mean_request_tokens = MIN_ESTIMATE  # of recent completed requests (an exponential mean)
-        self._clock = clock
+        self.scale = 1.0  # the share of the limit and the floor admitted now (`took`)
+        self.clock = clock
+        self._cut_at = -math.inf  # when the scale was last cut
+        self._slowest = 0.0  # the longest time an answer admitted since the cut took, in the current second
+        self._had_work = False  # whether any request was in flight in the current second
         self._second = math.floor(clock())
         self._current = 0.0  # tokens finished in the current second
         self._past: deque[float] = deque(maxlen=history)  # tokens finished in each of the last whole seconds
@@ -103,15 +129,17 @@ class AdmissionGate:
         Beside it, the floor (`_floor_room`)."""
         rate = self.rate()
         if rate <= 0:
-            return float(self.floor_tokens)
-        return rate * self.max_queue_s * TAIL_FACTOR
+            return self.floor_tokens * self.scale
+        return rate * self.max_queue_s * TAIL_FACTOR * self.scale
 
     def try_enter(self, tokens: float) -> Admission | None:
         if self.in_flight and self.tokens_in_flight + tokens > self.limit() and not self._floor_room(tokens):
             return None
+        self._roll()
         self.in_flight += 1
         self.tokens_in_flight += tokens
-        return Admission(self, tokens)
+        self._had_work = True
+        return Admission(self, tokens, self.clock())
 
     def _floor_room(self, tokens: float) -> bool:
         """The floor, whatever the measured rate: up to `cold_requests` requests and one batch of tokens
@@ -120,9 +148,9 @@ class AdmissionGate:
         rate wobbles; heavy requests stop at one batch: 7 long QA contexts of MiniLM, not the 32 (4 s of work on 2
         cores) that a floor counted in requests admitted (issue 30). Where no rate is known at all (a cold or idle
         server), `cold_requests` are admitted whatever they cost."""
-        if self.in_flight >= self.cold_requests:
+        if self.in_flight >= max(1, math.ceil(self.cold_requests * self.scale)):
             return False
-        return self.tokens_in_flight + tokens <= self.floor_tokens or self.rate() <= 0
+        return self.tokens_in_flight + tokens <= self.floor_tokens * self.scale or self.rate() <= 0
 
     def leave(self, tokens: float, completed: bool) -> None:
         self.in_flight -= 1
@@ -131,6 +159,20 @@ class AdmissionGate:
             self._roll()
             self._current += tokens
             self.mean_request_tokens += 0.1 * (tokens - self.mean_request_tokens)
+
+    def took(self, seconds: float, admitted_at: float) -> None:
+        """An admitted request that did its work took `seconds` from the door to its answer. Later than LATE x the
+        bound, it cuts the scale, once for all the requests admitted before the cut: their answers show the scale
+        they were admitted under, not the one now (as TCP halves its window once a round trip)."""
+        if admitted_at < self._cut_at:
+            return
+        self._roll()
+        self._slowest = max(self._slowest, seconds)
+        if seconds > LATE * self.max_queue_s:
+            cut = max(MAX_CUT, CUT_AIM * self.max_queue_s / seconds)
+            self.scale = max(MIN_SCALE, self.scale * cut)
+            self._cut_at = self.clock()
+            self._slowest = 0.0
 
     def expected_wait_s(self) -> float | None:
         """Mean time the work in flight now should take (Little's law); None before a rate is measured."""
@@ -151,15 +193,24 @@ class AdmissionGate:
                 f"the server is at capacity: {self.in_flight} requests in flight, {self.tokens_in_flight:.0f} tokens, "
                 f"the most it admits before it has measured its speed (a cold or idle server); retry shortly"
             )
+        slow = (
+            f" (answers lately took longer than that: it admits {self.scale:.0%} of its usual share)"
+            if self.scale < 1
+            else ""
+        )
         return (
             f"the server is at capacity: {self.in_flight} requests in flight, about {wait:.1f} s of work, would "
-            f"leave a new one no chance to be answered within --max-queue-s {self.max_queue_s:g}; retry shortly"
+            f"leave a new one no chance to be answered within --max-queue-s {self.max_queue_s:g}{slow}; retry shortly"
         )
 
     def _roll(self) -> None:
-        now = math.floor(self._clock())
+        now = math.floor(self.clock())
         if now == self._second:
             return
+        quick = 0 < self._slowest < GROW_BELOW * self.max_queue_s
+        if quick or not self._had_work:  # answers well within the bound, or nothing to wait behind
+            self.scale = min(1.0, self.scale * GROWTH ** (now - self._second))
+        self._slowest, self._had_work = 0.0, self.in_flight > 0
         self._past.append(self._current)
         for _ in range(min(now - self._second - 1, self._past.maxlen or 0)):
             self._past.append(0.0)  # whole seconds with nothing finished

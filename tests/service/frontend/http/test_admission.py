@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.frontend.http.admission import BYTES_PER_TOKEN, MIN_ESTIMATE, AdmissionGate, estimate_tokens
+from service.frontend.http.admission import BYTES_PER_TOKEN, MIN_ESTIMATE, Admission, AdmissionGate, estimate_tokens
 
 
 class Clock:
@@ -162,3 +162,74 @@ def test_leaving_twice_or_charging_after_leaving_changes_nothing() -> None:
     admission.leave(completed=False)
     admission.charge(50)
     assert gate.in_flight == 0 and gate.tokens_in_flight == 0
+
+
+def admit_charged(gate: AdmissionGate, tokens: int) -> Admission:
+    admission = gate.try_enter(tokens)
+    assert admission is not None
+    admission.charge(tokens)
+    return admission
+
+
+def test_an_answer_later_than_the_bound_cuts_what_is_admitted_in_proportion() -> None:
+    """Long NER texts in process mode on 2 cores: the floor (one batch of tokens, 2.7 s of that work there) and a
+    tail 2.4x the median kept admitted answers 3.7 s against a 2 s bound. What they really took cuts the share."""
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8000, cold_requests=32, clock=clock)
+    finish(gate, 3, tokens=1000)
+    clock.now += 1  # 3,000 tokens a second: the limit 2,400 tokens, the floor 8,000
+    slow = [admit_charged(gate, 1000) for _ in range(8)]
+    assert gate.try_enter(1000) is None
+    clock.now += 0.5
+    slow[0].leave(completed=True)  # admitted 0.5 s ago: within 80% of the bound, no cut
+    assert gate.scale == 1
+    clock.now += 3.5
+    slow[1].leave(completed=True)  # 4 s for a request: aim its like at 0.6 x 2 s, at most halving at once
+    assert gate.scale == pytest.approx(0.5)
+    for admission in slow[2:]:  # admitted before the cut: their times say nothing of the share now
+        admission.leave(completed=True)
+    assert gate.scale == pytest.approx(0.5)
+    clock.now += 1  # a rate is known: 7,000 tokens answered in the last second
+    assert gate.limit() == pytest.approx(0.5 * 0.4 * 2.0 * gate.rate())
+    assert sum(gate.try_enter(1000) is not None for _ in range(8)) == 4  # half the floor of 8,000 tokens
+    assert "admits 50% of its usual share" in gate.refusal()
+
+
+def test_a_slow_answer_admitted_after_the_cut_cuts_again_and_quick_seconds_grow_it_back() -> None:
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=1.0, floor_tokens=1000, cold_requests=8, clock=clock)
+    first = admit_charged(gate, 100)
+    clock.now += 2
+    first.leave(completed=True)
+    assert gate.scale == pytest.approx(0.5)
+    second = admit_charged(gate, 100)
+    clock.now += 1.0
+    second.leave(completed=True)  # admitted after the cut and still late (over 80% of the bound): 0.6 / 1.0 of it
+    assert gate.scale == pytest.approx(0.5 * 0.6)
+    for second in range(20):  # answers in a fifth of the bound, one a second: a tenth more each second
+        quick = admit_charged(gate, 10)
+        clock.now += 0.2
+        quick.leave(completed=True)
+        clock.now += 0.8
+        gate.rate()
+        assert gate.scale == pytest.approx(min(1.0, 0.3 * 1.1 ** (second + 1)))
+    assert gate.scale == 1.0
+
+
+def test_an_idle_gate_grows_its_share_back_and_never_below_one_request() -> None:
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=1.0, floor_tokens=1000, cold_requests=8, clock=clock)
+    for _ in range(10):
+        late = admit_charged(gate, 10)
+        clock.now += 30
+        late.leave(completed=False)  # a timeout counts: it did its work, and late
+    assert gate.scale == pytest.approx(0.05)
+    assert gate.try_enter(5000) is not None  # nothing in flight: one always gets in
+    assert gate.try_enter(1) is None
+    gate = AdmissionGate(max_queue_s=1.0, floor_tokens=1000, cold_requests=8, clock=clock)
+    late = admit_charged(gate, 10)
+    clock.now += 2
+    late.leave(completed=True)
+    clock.now += 8  # idle seconds: nothing to wait behind
+    gate.rate()
+    assert gate.scale == pytest.approx(min(1.0, 0.5 * 1.1**8))
