@@ -92,6 +92,14 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.admission_share = Gauge(
+            "bertserve_admission_share",
+            "Share of its usual work a front-end's door admits now (1: all; less after admitted answers took longer "
+            "than 80% of --max-queue-s, growing back as they get quick); the lowest of the live front-ends.",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.admission_share.set(1.0)
         self.queue_depth = Gauge(
             "bertserve_queue_depth",
             "Rows waiting in the batch queue.",

@@ -98,6 +98,7 @@ class AdmissionGate:
         cold_requests: int = 1,
         history: int = 3,
         clock: Callable[[], float] = time.monotonic,
+        on_scale: Callable[[float], None] = lambda scale: None,
     ) -> None:
         self.max_queue_s = max_queue_s
         self.floor_tokens = floor_tokens
@@ -106,6 +107,7 @@ class AdmissionGate:
         self.tokens_in_flight = 0.0
         self.mean_request_tokens = MIN_ESTIMATE  # of recent completed requests (an exponential mean)
         self.scale = 1.0  # the share of the limit and the floor admitted now (`took`)
+        self.on_scale = on_scale  # told each new scale (the metric bertserve_admission_share)
         self.clock = clock
         self._cut_at = -math.inf  # when the scale was last cut
         self._slowest = 0.0  # the longest time an answer admitted since the cut took, in the current second
@@ -170,9 +172,13 @@ class AdmissionGate:
         self._slowest = max(self._slowest, seconds)
         if seconds > LATE * self.max_queue_s:
             cut = max(MAX_CUT, CUT_AIM * self.max_queue_s / seconds)
-            self.scale = max(MIN_SCALE, self.scale * cut)
+            self._set_scale(max(MIN_SCALE, self.scale * cut))
             self._cut_at = self.clock()
             self._slowest = 0.0
+
+    def _set_scale(self, scale: float) -> None:
+        self.scale = scale
+        self.on_scale(scale)
 
     def expected_wait_s(self) -> float | None:
         """Mean time the work in flight now should take (Little's law); None before a rate is measured."""
@@ -208,8 +214,8 @@ class AdmissionGate:
         if now == self._second:
             return
         quick = 0 < self._slowest < GROW_BELOW * self.max_queue_s
-        if quick or not self._had_work:  # answers well within the bound, or nothing to wait behind
-            self.scale = min(1.0, self.scale * GROWTH ** (now - self._second))
+        if (quick or not self._had_work) and self.scale < 1:  # answers well within the bound, or no work at all
+            self._set_scale(min(1.0, self.scale * GROWTH ** (now - self._second)))
         self._slowest, self._had_work = 0.0, self.in_flight > 0
         self._past.append(self._current)
         for _ in range(min(now - self._second - 1, self._past.maxlen or 0)):

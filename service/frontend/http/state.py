@@ -42,7 +42,10 @@ class ServerState:
         self.executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
         self.pipeline = RequestPipeline(settings, self.registry, self.engine, self.executor, self.metrics)
         self.admission = AdmissionGate(
-            settings.max_queue_s, settings.admission_floor_tokens, cold_requests=settings.admission_cold_requests
+            settings.max_queue_s,
+            settings.admission_floor_tokens,
+            cold_requests=settings.admission_cold_requests,
+            on_scale=self.metrics.admission_share.set,
         )
         self.draining = False
         self._last_verdict: Verdict | None = None

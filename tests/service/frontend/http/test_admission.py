@@ -174,8 +174,8 @@ def admit_charged(gate: AdmissionGate, tokens: int) -> Admission:
 def test_an_answer_later_than_the_bound_cuts_what_is_admitted_in_proportion() -> None:
     """Long NER texts in process mode on 2 cores: the floor (one batch of tokens, 2.7 s of that work there) and a
     tail 2.4x the median kept admitted answers 3.7 s against a 2 s bound. What they really took cuts the share."""
-    clock = Clock()
-    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8000, cold_requests=32, clock=clock)
+    clock, shares = Clock(), []
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=8000, cold_requests=32, clock=clock, on_scale=shares.append)
     finish(gate, 3, tokens=1000)
     clock.now += 1  # 3,000 tokens a second: the limit 2,400 tokens, the floor 8,000
     slow = [admit_charged(gate, 1000) for _ in range(8)]
@@ -193,6 +193,7 @@ def test_an_answer_later_than_the_bound_cuts_what_is_admitted_in_proportion() ->
     assert gate.limit() == pytest.approx(0.5 * 0.4 * 2.0 * gate.rate())
     assert sum(gate.try_enter(1000) is not None for _ in range(8)) == 4  # half the floor of 8,000 tokens
     assert "admits 50% of its usual share" in gate.refusal()
+    assert shares == [pytest.approx(0.5)]  # the metric bertserve_admission_share is told
 
 
 def test_a_slow_answer_admitted_after_the_cut_cuts_again_and_quick_seconds_grow_it_back() -> None:

@@ -379,6 +379,7 @@ def test_metrics_are_exposed_in_prometheus_format(tiny_server) -> None:
         "bertserve_batch_tokens",
         "bertserve_batch_padding_ratio",
         "bertserve_queue_depth",
+        "bertserve_admission_share",
         "bertserve_model_info",
         "bertserve_model_ready",
     ):
