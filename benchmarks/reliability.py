@@ -131,11 +131,16 @@ def overload(workdir: Path, factor: float, seconds: float, server_args: list[str
         own_ms = alone_ms(server, path, bodies)
         sizes = [shape.rows_per_request()] * len(bodies)
         run_load(server.url, path, bodies[:64], sizes[:64], clients=8, seconds=3)  # warm
-        # answered (200) requests a second: a closed loop that meets 429s retries at once, and those are no capacity
-        rate = run_load(server.url, path, bodies, sizes, clients=8, seconds=10).sequences_per_s / sizes[0]
+        # answered (200) requests a second, the better of 4 and 8 closed-loop clients: a client that meets a 429
+        # retries at once, and 8 clients of long QA contexts (over the floor of one batch of tokens) spent the CPU
+        # on that: 3.5 answers a second, where an open loop at 5.3 a second got every one answered
+        rate = max(
+            run_load(server.url, path, bodies, sizes, clients=clients, seconds=10).sequences_per_s / sizes[0]
+            for clients in (4, 8)
+        )
         print(
-            f"{shape.name}: alone {own_ms:.0f} ms; capacity (closed loop, 8 clients) {rate:.1f} requests/s; "
-            f"open loop at {rate * factor:.1f}/s",
+            f"{shape.name}: alone {own_ms:.0f} ms; capacity (closed loop, the better of 4 and 8 clients) "
+            f"{rate:.1f} requests/s; open loop at {rate * factor:.1f}/s",
             flush=True,
         )
         host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
