@@ -126,7 +126,8 @@ class AdmissionGate:
     def limit(self) -> float:
         """Most tokens in flight at once now: what the recent rate finishes in 40% of the bound. Little's law gives
         the mean time in the server; the slowest admitted requests (p99, measured on 2 cores, open-loop overload at
-        3x) took 2.3x the median, so 40% keeps them, not only the average, within the bound.
+        3x) took 2.3x the median, so 40% keeps them, not only the average, within the bound; where they lie further
+        out, `scale` (from what answers took) shrinks it.
 
         Beside it, the floor (`_floor_room`)."""
         rate = self.rate()
