@@ -95,7 +95,7 @@ class Metrics:
         self.admission_share = Gauge(
             "bertserve_admission_share",
             "Share of its usual work a front-end's door admits now (1: all; less after admitted answers took longer "
-            "than 80% of --max-queue-s, growing back as they get quick); the lowest of the live front-ends.",
+            "than 70% of --max-queue-s, growing back as they get quick); the lowest of the live front-ends.",
             registry=r,
             multiprocess_mode="livemin",
         )

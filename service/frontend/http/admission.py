@@ -16,8 +16,10 @@ Little's law gives the mean; the promise is about the slowest. How far the slowe
 request shape and the process layout (long NER texts in process mode, on 2 cores, took 2.4x their median: their
 front-end work competes with the engine for the cores), and the floor admits one batch of tokens whatever the rate,
 which on a slow model is more than the bound. So the gate also checks what admitted requests really took: an
-answer later than 80% of the bound shrinks what the gate admits (`scale`), in proportion; answers well within it
-let it grow back, a tenth a second.
+answer later than 70% of the bound, or a request at work that long already, shrinks what the gate admits
+(`scale`), in proportion; answers well within it let it grow back, a tenth a second. And where the server was busy
+all of the last seconds, its rate is its capacity: the floor's tokens are then at most what it finishes in half the
+bound.
 """
 
 from __future__ import annotations
@@ -39,11 +41,16 @@ MIN_ESTIMATE = 8.0  # the least a request is taken to cost at the door (special 
 # MIN_SCALE); a second whose slowest answer took under GROW_BELOW of the bound, or with nothing in flight, grows it by
 # GROWTH, up to 1. The margin under the bound is for what the gate does not see: the time before a request reaches
 # it (the listen backlog, a busy event loop) and after its answer leaves.
-LATE = 0.8
-CUT_AIM = 0.6
+LATE = 0.7
+# Where the server was busy all of the last seconds (work in flight at least BUSY of each), its rate is its
+# capacity, not a quiet spell's trickle: then the floor's tokens are at most what that rate finishes in
+# FLOOR_SHARE of the bound (one batch of long NER texts was 2 s of work on a loaded 2-core machine).
+BUSY = 0.9
+FLOOR_SHARE = 0.5
+CUT_AIM = 0.5
 MAX_CUT = 0.5
 MIN_SCALE = 0.05
-GROW_BELOW = 0.5
+GROW_BELOW = 0.4
 GROWTH = 1.1
 
 
@@ -70,6 +77,8 @@ class Admission:
         if self._left:
             return
         self._gate.tokens_in_flight += tokens - self.tokens
+        if not self.charged:
+            self._gate.working[id(self)] = self.admitted_at
         self.tokens, self.charged = float(tokens), True
 
     def leave(self, completed: bool) -> None:
@@ -78,6 +87,7 @@ class Admission:
             self._left = True
             self._gate.leave(self.tokens, completed and self.charged)
             if self.charged:  # it did its work: how long it took says how much the gate may admit
+                self._gate.working.pop(id(self), None)
                 self._gate.took(self._gate.clock() - self.admitted_at, self.admitted_at)
 
 
@@ -112,6 +122,11 @@ class AdmissionGate:
         self._cut_at = -math.inf  # when the scale was last cut
         self._slowest = 0.0  # the longest time an answer admitted since the cut took, in the current second
         self._had_work = False  # whether any request was in flight in the current second
+        self._busy_from: float | None = None  # when the current spell with work in flight began
+        self._busy_current = 0.0  # seconds of the current second in spells with work in flight that have ended
+        self._busy_past: deque[float] = deque(maxlen=history)  # share of each of the last whole seconds busy
+        # charged requests in flight (tokenized: their work is in the engine) -> when each was admitted, oldest first
+        self.working: dict[int, float] = {}
         self._second = math.floor(clock())
         self._current = 0.0  # tokens finished in the current second
         self._past: deque[float] = deque(maxlen=history)  # tokens finished in each of the last whole seconds
@@ -136,9 +151,12 @@ class AdmissionGate:
         return rate * self.max_queue_s * TAIL_FACTOR * self.scale
 
     def try_enter(self, tokens: float) -> Admission | None:
+        self._overdue()
         if self.in_flight and self.tokens_in_flight + tokens > self.limit() and not self._floor_room(tokens):
             return None
         self._roll()
+        if not self.in_flight:
+            self._busy_from = self.clock()
         self.in_flight += 1
         self.tokens_in_flight += tokens
         self._had_work = True
@@ -153,10 +171,24 @@ class AdmissionGate:
         server), `cold_requests` are admitted whatever they cost."""
         if self.in_flight >= max(1, math.ceil(self.cold_requests * self.scale)):
             return False
-        return self.tokens_in_flight + tokens <= self.floor_tokens * self.scale or self.rate() <= 0
+        rate = self.rate()
+        floor: float = self.floor_tokens
+        if rate > 0 and self.busy():
+            floor = min(floor, rate * self.max_queue_s * FLOOR_SHARE)
+        return self.tokens_in_flight + tokens <= floor * self.scale or rate <= 0
+
+    def busy(self) -> bool:
+        """Whether work was in flight at least BUSY of each of the last whole seconds: the rate is then what the
+        server can do, not what a quiet spell asked of it."""
+        self._roll()
+        return len(self._busy_past) == self._busy_past.maxlen and min(self._busy_past) >= BUSY
 
     def leave(self, tokens: float, completed: bool) -> None:
+        self._roll()
         self.in_flight -= 1
+        if not self.in_flight and self._busy_from is not None:
+            self._busy_current += self.clock() - max(self._busy_from, self._second)
+            self._busy_from = None
         self.tokens_in_flight = max(0.0, self.tokens_in_flight - tokens) if self.in_flight else 0.0
         if completed:
             self._roll()
@@ -176,6 +208,15 @@ class AdmissionGate:
             self._set_scale(max(MIN_SCALE, self.scale * cut))
             self._cut_at = self.clock()
             self._slowest = 0.0
+
+    def _overdue(self) -> None:
+        """The oldest request still at work, already later than LATE x the bound, is a late answer known before it
+        comes: the cut need not wait for it (on long NER texts, a second or more)."""
+        oldest = next(iter(self.working.values()), None)
+        if oldest is not None and oldest >= self._cut_at:
+            age = self.clock() - oldest
+            if age > LATE * self.max_queue_s:
+                self.took(age, oldest)
 
     def _set_scale(self, scale: float) -> None:
         self.scale = scale
@@ -214,11 +255,18 @@ class AdmissionGate:
         now = math.floor(self.clock())
         if now == self._second:
             return
+        # Growth: the second that closes, where its answers were well within the bound or it had no work; and the
+        # whole seconds since, where nothing is in flight (nothing entered or left since the last roll).
         quick = 0 < self._slowest < GROW_BELOW * self.max_queue_s
-        if (quick or not self._had_work) and self.scale < 1:  # answers well within the bound, or no work at all
-            self._set_scale(min(1.0, self.scale * GROWTH ** (now - self._second)))
+        seconds = int(quick or not self._had_work) + (0 if self.in_flight else now - self._second - 1)
+        if seconds and self.scale < 1:
+            self._set_scale(min(1.0, self.scale * GROWTH**seconds))
         self._slowest, self._had_work = 0.0, self.in_flight > 0
         self._past.append(self._current)
+        ongoing = self._busy_from is not None
+        spell = self._second + 1 - max(self._busy_from, self._second) if self._busy_from is not None else 0.0
+        self._busy_past.append(min(1.0, self._busy_current + spell))
         for _ in range(min(now - self._second - 1, self._past.maxlen or 0)):
             self._past.append(0.0)  # whole seconds with nothing finished
-        self._second, self._current = now, 0.0
+            self._busy_past.append(1.0 if ongoing else 0.0)
+        self._second, self._current, self._busy_current = now, 0.0, 0.0
