@@ -17,9 +17,7 @@ request shape and the process layout (long NER texts in process mode, on 2 cores
 front-end work competes with the engine for the cores), and the floor admits one batch of tokens whatever the rate,
 which on a slow model is more than the bound. So the gate also checks what admitted requests really took: an
 answer later than 70% of the bound, or a request at work that long already, shrinks what the gate admits
-(`scale`), in proportion; answers well within it let it grow back, a tenth a second. And where the server was busy
-all of the last seconds, its rate is its capacity: the floor's tokens are then at most what it finishes in half the
-bound.
+(`scale`), in proportion; answers well within it let it grow back, a tenth a second.
 """
 
 from __future__ import annotations
@@ -42,11 +40,6 @@ MIN_ESTIMATE = 8.0  # the least a request is taken to cost at the door (special 
 # GROWTH, up to 1. The margin under the bound is for what the gate does not see: the time before a request reaches
 # it (the listen backlog, a busy event loop) and after its answer leaves.
 LATE = 0.7
-# Where the server was busy all of the last seconds (work in flight at least BUSY of each), its rate is its
-# capacity, not a quiet spell's trickle: then the floor's tokens are at most what that rate finishes in
-# FLOOR_SHARE of the bound (one batch of long NER texts was 2 s of work on a loaded 2-core machine).
-BUSY = 0.9
-FLOOR_SHARE = 0.5
 CUT_AIM = 0.5
 MAX_CUT = 0.5
 MIN_SCALE = 0.05
@@ -122,9 +115,6 @@ class AdmissionGate:
         self._cut_at = -math.inf  # when the scale was last cut
         self._slowest = 0.0  # the longest time an answer admitted since the cut took, in the current second
         self._had_work = False  # whether any request was in flight in the current second
-        self._busy_from: float | None = None  # when the current spell with work in flight began
-        self._busy_current = 0.0  # seconds of the current second in spells with work in flight that have ended
-        self._busy_past: deque[float] = deque(maxlen=history)  # share of each of the last whole seconds busy
         # charged requests in flight (tokenized: their work is in the engine) -> when each was admitted, oldest first
         self.working: dict[int, float] = {}
         self._second = math.floor(clock())
@@ -155,8 +145,6 @@ class AdmissionGate:
         if self.in_flight and self.tokens_in_flight + tokens > self.limit() and not self._floor_room(tokens):
             return None
         self._roll()
-        if not self.in_flight:
-            self._busy_from = self.clock()
         self.in_flight += 1
         self.tokens_in_flight += tokens
         self._had_work = True
@@ -171,24 +159,11 @@ class AdmissionGate:
         server), `cold_requests` are admitted whatever they cost."""
         if self.in_flight >= max(1, math.ceil(self.cold_requests * self.scale)):
             return False
-        rate = self.rate()
-        floor: float = self.floor_tokens
-        if rate > 0 and self.busy():
-            floor = min(floor, rate * self.max_queue_s * FLOOR_SHARE)
-        return self.tokens_in_flight + tokens <= floor * self.scale or rate <= 0
-
-    def busy(self) -> bool:
-        """Whether work was in flight at least BUSY of each of the last whole seconds: the rate is then what the
-        server can do, not what a quiet spell asked of it."""
-        self._roll()
-        return len(self._busy_past) == self._busy_past.maxlen and min(self._busy_past) >= BUSY
+        return self.tokens_in_flight + tokens <= self.floor_tokens * self.scale or self.rate() <= 0
 
     def leave(self, tokens: float, completed: bool) -> None:
         self._roll()
         self.in_flight -= 1
-        if not self.in_flight and self._busy_from is not None:
-            self._busy_current += self.clock() - max(self._busy_from, self._second)
-            self._busy_from = None
         self.tokens_in_flight = max(0.0, self.tokens_in_flight - tokens) if self.in_flight else 0.0
         if completed:
             self._roll()
@@ -263,10 +238,6 @@ class AdmissionGate:
             self._set_scale(min(1.0, self.scale * GROWTH**seconds))
         self._slowest, self._had_work = 0.0, self.in_flight > 0
         self._past.append(self._current)
-        ongoing = self._busy_from is not None
-        spell = self._second + 1 - max(self._busy_from, self._second) if self._busy_from is not None else 0.0
-        self._busy_past.append(min(1.0, self._busy_current + spell))
         for _ in range(min(now - self._second - 1, self._past.maxlen or 0)):
             self._past.append(0.0)  # whole seconds with nothing finished
-            self._busy_past.append(1.0 if ongoing else 0.0)
-        self._second, self._current, self._busy_current = now, 0.0, 0.0
+        self._second, self._current = now, 0.0
