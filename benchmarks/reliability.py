@@ -130,7 +130,7 @@ def overload(workdir: Path, factor: float, seconds: float, server_args: list[str
     try:
         own_ms = alone_ms(server, path, bodies)
         sizes = [shape.rows_per_request()] * len(bodies)
-        run_load(server.url, path, bodies[:64], sizes[:64], clients=8, seconds=3)  # warm
+        run_load(server.url, path, bodies[:64], sizes[:64], clients=4, seconds=3)  # warm (8 long QA clients meet 429s)
         # answered (200) requests a second, the better of 4 and 8 closed-loop clients: a client that meets a 429
         # retries at once, and 8 clients of long QA contexts (over the floor of one batch of tokens) spent the CPU
         # on that: 3.5 answers a second, where an open loop at 5.3 a second got every one answered
