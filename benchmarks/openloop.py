@@ -44,21 +44,19 @@ class OpenLoopResult:
         return Counter(a.status for a in self.answers)
 
     def latency_ms(self, q: float, status: int = 200) -> float:
-        values = sorted(a.seconds for a in self.answers if a.status == status)
-        return 1000 * values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+        return 1000 * quantile([a.seconds for a in self.answers if a.status == status], q)
 
     def queue_ms(self, q: float) -> float:
         """The server's own queue time (x-queue-time-ms) of the 200s, at quantile q."""
-        return _quantile([a.queue_ms for a in self.answers if a.status == 200 and a.queue_ms is not None], q)
+        return quantile([a.queue_ms for a in self.answers if a.status == 200 and a.queue_ms is not None], q)
 
     def server_ms(self, q: float) -> float:
         """The server's own time (x-total-time-ms) of the 200s, at quantile q: the rest of a client's time went
         before the server read the request (the listen backlog, the event loop) or after it wrote the answer."""
-        return _quantile([a.server_ms for a in self.answers if a.status == 200 and a.server_ms is not None], q)
+        return quantile([a.server_ms for a in self.answers if a.status == 200 and a.server_ms is not None], q)
 
     def probe_ms(self, name: str, q: float) -> float:
-        values = sorted(self.probe_seconds.get(name, []))
-        return 1000 * values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+        return 1000 * quantile(self.probe_seconds.get(name, []), q)
 
     def summary(self) -> dict:
         statuses = self.statuses()
@@ -212,6 +210,7 @@ async def open_loop(
     return result
 
 
-def _quantile(values: list[float], q: float) -> float:
+def quantile(values: list[float], q: float) -> float:
+    """The value at quantile q (the nearest rank below it); NaN where there are none."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
