@@ -7,7 +7,8 @@
   models are meaningless; their config says `"demo": true` so the server can say so, and the build says so in
   one line (`random_notice`).
 
-`auto` (the default) tries the hub unless HF_HUB_OFFLINE is set, and builds the random demo where it cannot be had.
+`auto` (the default) tries the hub unless HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set, and builds the random demo
+where it cannot be had.
 """
 
 from __future__ import annotations

@@ -90,9 +90,14 @@ def hub_checkpoints(overrides: str | None = None) -> list[HubCheckpoint]:
 
 def offline_reason() -> str | None:
     """Why the hub is not to be asked at all (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set), or None."""
+    import os
+
     from huggingface_hub import constants
 
-    return "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else None
+    if not constants.HF_HUB_OFFLINE:
+        return None
+    named = [name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(name, "").strip()]
+    return f"{' and '.join(named) or 'HF_HUB_OFFLINE'} {'are' if len(named) > 1 else 'is'} set"
 
 
 def hub_endpoint() -> str:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
+# Offline whatever the caller's shell holds: both variables, since huggingface_hub reads either
+# (tests/harness/environment.py)
 os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.deploy.manifests import ROOT
+from tests.harness.environment import offline_env
 from tests.harness.serving import ServiceProcess, free_port
 
 UNSHARE = shutil.which("unshare")
@@ -54,7 +55,7 @@ def test_server_runs_on_a_read_only_root(pod_env: dict[str, str], deploy_reposit
         " && if touch /.bertserve-write-check 2>/dev/null; then echo 'root is writable'; exit 3; fi"
         f' && exec "{sys.executable}" -m service --repository {MOUNT_POINT} --host 127.0.0.1 --port {port}'
     )
-    env = {**os.environ, **pod_env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = offline_env({**pod_env, "PYTHONUNBUFFERED": "1"})
     log_path = tmp_path / "server.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(

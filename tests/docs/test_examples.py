@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.environment import offline_env
 from tests.harness.serving import ServiceProcess, start_service
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,7 +204,7 @@ def help_texts(modules: tuple[str, ...]) -> dict[str, str]:
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env=offline_env(),
     )
     assert result.returncode == 0, result.stderr[-2000:]
     helps = json.loads(result.stdout.splitlines()[-1])
@@ -240,7 +240,7 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePro
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env=offline_env(),
     )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     exported = time.monotonic()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 import transformers
 
 from export.cli import main
+from tests.harness.environment import offline_env
 from tests.tiny_models import make_config, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,7 +141,7 @@ def test_failure_during_writing_leaves_no_trace(tiny_checkpoint, repository: Pat
 
 
 def test_command_line_end_to_end(tiny_checkpoint, tmp_path: Path) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = offline_env()
     command = [
         sys.executable,
         "-m",

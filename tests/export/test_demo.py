@@ -16,7 +16,8 @@ def test_demo_repository(tmp_path: Path, capsys) -> None:
     out, err = capsys.readouterr()
     assert "[demo]" in out
     assert err.strip().splitlines() == [
-        f"note: HF_HUB_OFFLINE is set: built the random-weight demo (its answers are not meaningful); online, "
+        "note: HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE are set: built the random-weight demo "
+        f"(its answers are not meaningful); online, "
         f"`python -m export demo --repository {tmp_path}` fetches real ones from the hub, "
         "or export your own checkpoint: `python -m export CHECKPOINT --name NAME`"
     ]

@@ -157,9 +157,11 @@ def test_a_silent_hub_is_given_up_on_after_the_timeout(tmp_path: Path) -> None:
 
 
 def test_offline_hub_source_is_refused_at_once(tmp_path: Path, capsys) -> None:
-    # This process has HF_HUB_OFFLINE=1 (tests/conftest.py).
+    # This process has HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1 (tests/conftest.py).
     assert main(["demo", "--repository", str(tmp_path), "--source", "hub", "--quiet"]) == 1
-    assert "could not be fetched from the hub: HF_HUB_OFFLINE is set" in capsys.readouterr().err
+    assert (
+        "could not be fetched from the hub: HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE are set" in capsys.readouterr().err
+    )
     assert not any(tmp_path.iterdir())
     assert main(["demo", "--repository", str(tmp_path), "--checkpoints", "demo-ner"]) == 1
     assert "'demo-ner' is not NAME=OWNER/REPO[@REVISION]" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """huggingface_hub's InferenceClient (or AsyncInferenceClient) against a server, in a process of its own.
 
-huggingface_hub refuses every request, a loopback URL included, while HF_HUB_OFFLINE=1 is set (it reads the variable
-once, on import); the tests set it for everything else. So the client runs here, started without it:
+huggingface_hub refuses every request, a loopback URL included, while HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set (it
+reads them once, on import); the tests set both for everything else. So the client runs here, started without either:
 
     python -m tests.harness.hf_client '{"url": ..., "calls": [[method, args, kwargs], ...], "async": false}'
 
@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.harness.environment import OFFLINE_VARIABLES, online_env
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,7 +28,7 @@ def call_hf_client(
 ) -> list[dict[str, Any]]:
     """Run `calls` (method name, positional args, keyword args) on a client of `url`; their outcomes, in order.
     `token`: the bearer key the client sends (None: none; a token of the environment is not passed on)."""
-    env = {key: value for key, value in os.environ.items() if key not in ("HF_HUB_OFFLINE", "HF_TOKEN")}
+    env = online_env("HF_TOKEN")
     request = json.dumps({"url": url, "calls": calls, "async": use_async, "token": token})
     done = subprocess.run(
         [sys.executable, "-m", "tests.harness.hf_client", request],
@@ -90,8 +92,9 @@ async def _run_async(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    if os.environ.get("HF_HUB_OFFLINE"):
-        raise SystemExit("run without HF_HUB_OFFLINE: huggingface_hub refuses every request while it is set")
+    offline = [name for name in OFFLINE_VARIABLES if os.environ.get(name)]
+    if offline:
+        raise SystemExit(f"run without {' and '.join(offline)}: huggingface_hub refuses every request while it is set")
     outcomes = asyncio.run(_run_async(spec)) if spec["async"] else _run_sync(spec)
     print(json.dumps(outcomes))
 

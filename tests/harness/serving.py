@@ -6,7 +6,6 @@ benchmarks import it from here.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -16,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tests.harness.environment import offline_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +75,7 @@ def start(
     or another's for a before/after comparison), output to log_path (or inherited); `env` is added to this
     process's environment."""
     port = port or free_port()
-    env = {**os.environ, **(env or {}), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = offline_env({**(env or {}), "PYTHONUNBUFFERED": "1"})
     full = [sys.executable, *command, "--port", str(port)]
     if log_path is None:
         process = subprocess.Popen(full, cwd=source, env=env)

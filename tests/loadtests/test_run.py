@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.environment import offline_env
 from tests.service.conftest import Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ PLOTS = ("throughput.png", "latency.png", "timeline.png")
 
 
 def run_loadtest(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = offline_env()
     return subprocess.run(
         [sys.executable, "-m", "loadtests", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
