@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from service.wire import frames
+from tests.harness.environment import offline_env
 from tests.service.conftest import ROOT, wait_for
 
 MODELS = ["bert-classification", "bert-ner"]
@@ -28,15 +28,15 @@ class EngineProcess:
         self.socket = workdir / "engine.sock"
         metrics = workdir / "metrics"
         metrics.mkdir()
-        env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "PROMETHEUS_MULTIPROC_DIR": str(metrics),
-            "BERTSERVE_REPOSITORY": str(repository),
-            "BERTSERVE_MODELS": json.dumps(MODELS),
-            "BERTSERVE_DEVICE": "cpu",
-            "BERTSERVE_THREADS": "1",
-        }
+        env = offline_env(
+            {
+                "PROMETHEUS_MULTIPROC_DIR": str(metrics),
+                "BERTSERVE_REPOSITORY": str(repository),
+                "BERTSERVE_MODELS": json.dumps(MODELS),
+                "BERTSERVE_DEVICE": "cpu",
+                "BERTSERVE_THREADS": "1",
+            }
+        )
         self.log = workdir / "engine.log"
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
