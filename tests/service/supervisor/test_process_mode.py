@@ -180,7 +180,7 @@ def test_a_request_that_arrives_while_the_engine_restarts_waits_for_it(tiny_repo
     assert wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 503, timeout=10)
     answers = ask_everything(server.url)
     assert all("results" in answer for answer in answers), answers
-    assert len(engine_pids(server.log())) == 2
+    assert wait_for(lambda: len(engine_pids(server.log())) == 2, 10), server.log()
     # with no time to wait, the same gap is a clear 503 at once
     short = server_factory(tiny_repository, *PROCESS, "--max-queue-s", "0.2")
     os.kill(engine_pids(short.log())[-1], signal.SIGKILL)
@@ -205,9 +205,11 @@ def test_an_engine_that_hangs_is_killed_and_restarted(tiny_repository: Path, ser
     assert response.status_code in (200, 503), response.text
     assert response.status_code == 200 or response.json()["error_type"] == "unavailable", response.text
     assert seconds < 15, seconds  # the stall bound and a poll, not the 60 s deadline
-    assert f"engine (pid {hung}) is stuck: the event loop has not run for" in server.log()
+    # what the launcher logs, it logs while the answer is on its way: each line waited for, the bound the launcher's
+    # stall check and a restart
+    assert wait_for(lambda: f"engine (pid {hung}) is stuck: the event loop has not run for" in server.log(), 15)
     assert wait_for(lambda: f"engine (pid {hung}) exited with -9; restarting it" in server.log()), server.log()
-    assert len(engine_pids(server.log())) == 2
+    assert wait_for(lambda: len(engine_pids(server.log())) == 2), server.log()  # the new engine's "engine started"
     assert wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 200), server.log()
     answers = ask_everything(server.url)
     assert all("results" in answer for answer in answers), (answers, server.log())
@@ -251,6 +253,8 @@ def test_a_silent_engine_makes_the_front_ends_not_ready_and_refuse_at_once(tiny_
     assert all("results" in answer for answer in ask_everything(server.url))
     assert engine_pids(server.log()) == [silent] and "is stuck" not in server.log()
     assert restarts(server) == NO_RESTARTS
+    # each front-end says so once it hears from it; readiness from a dozen connections need not have reached both
+    assert wait_for(lambda: server.log().count("the engine is heard from again") == 2, 10), server.log()
     assert server.log().count("the engine is heard from again") == 2, server.log()
 
 
