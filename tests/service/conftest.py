@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -31,6 +32,16 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0, every_s: floa
         if condition():
             return True
         time.sleep(every_s)
+    return condition()
+
+
+async def wait_for_async(condition: Callable[[], bool], timeout: float = 60.0, every_s: float = 0.05) -> bool:
+    """`wait_for` inside an event loop: polls `condition` between `asyncio.sleep`s, so the loop runs meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(every_s)
     return condition()
 
 

@@ -147,9 +147,12 @@ def test_a_batch_stuck_on_the_device_fails_liveness_on_both_ports(tiny_repositor
         runtime = app.state.server.engine.core.models["bert-classification"].runtime
         session = runtime.session = HangingSession(runtime.session)
         session.hang.set()
+        sent = time.monotonic()  # the batch goes on the device after this
         late = client.post("/v1/models/bert-classification/classify", json={"inputs": ["stuck"]})
         assert late.status_code == 504
-        assert client.get("/livez").status_code == 200  # 0.5 s past its start: not yet stuck
+        live_at_504 = client.get("/livez").status_code
+        if time.monotonic() - sent < 1.0:  # ~0.5 s past its start: within --request-timeout-s + --liveness-stall-s
+            assert live_at_504 == 200  # not yet stuck (a loaded machine may have taken us past the bound: no verdict)
         assert wait_for(lambda: client.get("/livez").status_code == 503, timeout=10)
         live = client.get("/livez").json()
         assert live["error_type"] == "unavailable"

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -14,6 +15,11 @@ from service.engine.batcher import Batcher
 from service.engine.buckets import ShapeGrid
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 from service.wire.ticket import Ticket
+from tests.service.conftest import wait_for, wait_for_async
+
+# What the batcher's loop and device threads do next (take a queued row, start a batch) takes milliseconds; a wait for
+# it that has not come true within this long is a failure, not a slow machine.
+PROMISE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,16 @@ def rows(prefix: str, lengths: list[int]) -> list[FakeRow]:
     return [FakeRow(f"{prefix}{i}", n) for i, n in enumerate(lengths)]
 
 
+async def until(condition: Callable[[], object], what: str, timeout: float = PROMISE_S) -> None:
+    """Wait (the event loop running) until `condition` holds; fail, saying `what` did not happen, after `timeout`."""
+    assert await wait_for_async(lambda: bool(condition()), timeout=timeout, every_s=0.01), f"{what}: not in {timeout} s"
+
+
+def on_device(batcher: Batcher, batches: int) -> Callable[[], bool]:
+    """Nothing queued, and `batches` batches handed to the device threads (running, or next to run)."""
+    return lambda: not batcher._pending and batcher._batches_on_device() == batches
+
+
 def test_concurrent_requests_get_their_own_answers_in_order_with_fewer_calls() -> None:
     async def scenario(batcher, runner, _):
         requests = [rows(f"r{k}-", [5 + k, 3, 9]) for k in range(6)]
@@ -118,12 +134,12 @@ def test_full_queue_is_refused_at_once() -> None:
     async def scenario(batcher, runner, _):
         runner.gate.clear()  # the first batch blocks in the runner; everything else queues
         first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 1), "the first batch on the device")
         # a full batch is taken (and prepared) while the first one runs; the next one waits in the queue
         prepared = asyncio.create_task(batcher.submit(rows("b", [5] * 8), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 2), "the full batch taken while the first runs")
         blocked = asyncio.create_task(batcher.submit(rows("c", [5] * 8), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.01)
+        await until(lambda: len(batcher._pending) == 8, "the next batch queued")
         with pytest.raises(Overloaded) as refused:
             await batcher.submit(rows("d", [5] * 3), Ticket.with_timeout(5))
         runner.gate.set()
@@ -138,12 +154,13 @@ def test_the_next_batch_starts_on_the_device_thread_while_the_event_loop_is_busy
     async def scenario(batcher, runner, _):
         runner.gate.clear()  # the first batch blocks on the device thread
         first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 1), "the first batch on the device")
         second = asyncio.create_task(batcher.submit(rows("b", [5] * 8), Ticket.with_timeout(5)))  # a full batch
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 2), "the full batch handed to the device thread behind the first")
         assert runner.batches == []
         runner.gate.set()
-        time.sleep(0.3)  # the event loop is busy (a server's is, with every request's frames)
+        # the event loop is busy (a server's is, with every request's frames): held, not awaiting, until both ran
+        wait_for(lambda: len(runner.batches) == 2, timeout=PROMISE_S, every_s=0.01)
         ran_while_busy = [batch[0].tag for batch in runner.batches]
         await asyncio.gather(first, second)
         return ran_while_busy
@@ -155,15 +172,20 @@ def test_the_device_reports_how_long_its_batch_has_run() -> None:
     async def scenario(batcher, runner, _):
         assert batcher.device_busy_s() == 0.0
         runner.gate.clear()  # the batch blocks on the device thread
+        submitted = time.monotonic()  # the batch starts after this
         request = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+        await until(lambda: batcher.device_busy_s() > 0, "the batch on the device")
+        running_by = time.monotonic()  # ... and before this
         await asyncio.sleep(0.3)
+        before = time.monotonic()
         busy = batcher.device_busy_s()
+        after = time.monotonic()
         runner.gate.set()
         await request
-        return busy, batcher.device_busy_s()
+        return (before - running_by, busy, after - submitted), batcher.device_busy_s()
 
-    busy, after = run(scenario)
-    assert 0.2 < busy < 1.0 and after == 0.0
+    (least, busy, most), after = run(scenario)
+    assert 0.2 < least <= busy <= most and after == 0.0, (least, busy, most)
 
 
 @pytest.mark.parametrize("streams", [1, 2])
@@ -220,7 +242,12 @@ def test_queue_is_bounded_in_time_at_the_measured_cost_per_token() -> None:
         held = []
         for k in range(5):  # one at a time, so that the loop takes its batches as a server's would
             held.append(asyncio.create_task(batcher.submit(rows(f"q{k}-", [10] * 8), Ticket.with_timeout(20))))
-            await asyncio.sleep(0.02)
+            await until(  # q0 runs, q1 is taken early, the rest queue
+                lambda k=k: (
+                    batcher._batches_on_device() == min(k + 1, 2) and len(batcher._pending) == 8 * max(0, k - 1)
+                ),
+                f"q{k} taken or queued",
+            )
         queued_tokens = batcher.expected_wait_s() / measured
         with pytest.raises(Overloaded, match=r"s of work, over the .* s bound") as refused:
             await batcher.submit(rows("late", [10] * 8), Ticket.with_timeout(20))
@@ -273,7 +300,7 @@ def test_deadline_drops_work_that_has_not_run() -> None:
     async def scenario(batcher, runner, _):
         runner.gate.clear()
         first = asyncio.create_task(batcher.submit(rows("slow", [5]), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 1), "the first batch on the device")
         with pytest.raises(DeadlineExceeded):
             await batcher.submit(rows("late", [5, 5]), Ticket.with_timeout(0.1))
         runner.gate.set()
@@ -290,10 +317,10 @@ def test_cancelled_tickets_are_skipped() -> None:
     async def scenario(batcher, runner, _):
         runner.gate.clear()
         first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 1), "the first batch on the device")
         gone = Ticket.with_timeout(5)
         abandoned = asyncio.create_task(batcher.submit(rows("gone", [5, 6]), gone))
-        await asyncio.sleep(0.01)
+        await until(lambda: len(batcher._pending) == 2, "its rows queued")
         gone.cancelled = True  # the client went away
         abandoned.cancel()
         runner.gate.set()
@@ -318,9 +345,9 @@ def test_a_batch_failing_on_the_device_thread_does_not_touch_the_batch_queued_be
     async def scenario(batcher, runner, observer):
         runner.gate.clear()
         bad = asyncio.create_task(batcher.submit(rows("bad", [5]), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 1), "the failing batch on the device")
         good = asyncio.create_task(batcher.submit(rows("good", [5] * 8), Ticket.with_timeout(5)))  # queued behind
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 2), "the good batch handed to the device thread behind it")
         runner.gate.set()
         with pytest.raises(InferenceFailed):
             await bad
@@ -337,11 +364,12 @@ def test_stopping_answers_both_batches_on_the_device_thread() -> None:
         batcher.start()
         runner.gate.clear()
         first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 1), "the first batch on the device")
         second = asyncio.create_task(batcher.submit(rows("b", [5] * 8), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 2), "the second batch handed to the device thread")
         stopping = asyncio.create_task(batcher.stop())
-        await asyncio.sleep(0.05)
+        await until(lambda: batcher._task is not None and batcher._task.done(), "stop() ended the batcher's loop")
+        await asyncio.sleep(0.05)  # time to end, had it not waited for the device (which the gate holds)
         assert not stopping.done()  # it waits for the batches on the device
         runner.gate.set()
         await stopping
@@ -361,8 +389,7 @@ def test_stopping_while_a_batch_is_prepared_answers_it_at_once() -> None:
 
     async def scenario(batcher, runner, _):
         request = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(30)))
-        while not entered.is_set():
-            await asyncio.sleep(0.01)
+        await until(entered.is_set, "the batch taken to be prepared")
         threading.Timer(0.2, release.set).start()  # stop() waits for the prepare thread, blocking this loop
         started = time.monotonic()
         await batcher.stop()
@@ -382,10 +409,13 @@ def test_when_a_batch_ends_the_next_goes_to_the_device_before_its_rows_are_answe
             await batcher.submit(rows(tag, [5]), Ticket.with_timeout(5))
             on_device_when_answered[tag] = batcher._batches_on_device()
 
+        runner.gate.clear()  # "d" must come while the batch of "a", "b" and "c" runs: it is held until then
         first = [asyncio.create_task(request(tag)) for tag in "abc"]
-        while not runner.batches:
-            await asyncio.sleep(0.01)
-        await asyncio.gather(*first, request("d"))  # "d" waits for the device; it is on it before "a" is answered
+        await until(lambda: batcher.device_busy_s() > 0, "the first batch on the device")
+        last = asyncio.create_task(request("d"))
+        await until(lambda: len(batcher._pending) == 1, '"d" queued')
+        runner.gate.set()
+        await asyncio.gather(*first, last)  # "d" waits for the device; it is on it before "a" is answered
 
     run(scenario, runner=Recorder(delay=0.2), max_wait_s=0.0)
     assert on_device_when_answered == {"a": 1, "b": 1, "c": 1, "d": 0}
@@ -406,14 +436,14 @@ def test_requests_close_in_time_share_a_batch() -> None:
 def test_without_a_wait_a_lone_row_starts_at_once_and_rows_gather_while_the_device_is_busy() -> None:
     async def scenario(batcher, runner, _):
         first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(lambda: runner.batches, "a lone row started, no company coming")
         started_alone = [[row.tag for row in batch] for batch in runner.batches]
         later = [asyncio.create_task(batcher.submit(rows(k, [5]), Ticket.with_timeout(5))) for k in "bcd"]
         await asyncio.gather(first, *later)
         return started_alone, [[row.tag for row in batch] for batch in runner.batches]
 
     started_alone, batches = run(scenario, runner=Recorder(delay=0.2), max_wait_s=0.0)
-    assert started_alone == [["a0"]]  # on the device 50 ms in, with no company coming
+    assert started_alone == [["a0"]]  # on the device with no company coming
     assert batches == [["a0"], ["b0", "c0", "d0"]]  # the three that came while it ran went together
 
 
@@ -433,7 +463,7 @@ def test_padding_ratio_keeps_unlike_lengths_apart() -> None:
     async def scenario(batcher, runner, observer):
         runner.gate.clear()  # hold the runner so that everything is queued before batches form
         first = asyncio.create_task(batcher.submit(rows("hold", [4]), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 1), "the held batch on the device")
         await asyncio.gather(
             batcher.submit(rows("s", [10, 11, 10, 30, 31, 29, 10]), Ticket.with_timeout(5)),
             asyncio.sleep(0.01, result=runner.gate.set()),
@@ -454,7 +484,7 @@ def test_a_batch_fills_its_bucket_before_a_nearer_row_widens_it() -> None:
     async def scenario(batcher, runner, observer):
         runner.gate.clear()  # hold the runner so that everything is queued before batches form
         first = asyncio.create_task(batcher.submit(rows("hold", [4]), Ticket.with_timeout(5)))
-        await asyncio.sleep(0.05)
+        await until(on_device(batcher, 1), "the held batch on the device")
         await asyncio.gather(
             batcher.submit(rows("s", [23, 25, 24, 20, 19, 18]), Ticket.with_timeout(5)),
             asyncio.sleep(0.01, result=runner.gate.set()),
@@ -487,10 +517,15 @@ def test_a_prepared_batch_reaches_the_device_while_the_event_loop_is_busy() -> N
     loop busy with other work (an engine's loop, with every request's frames) to hand the batch over."""
     loop_of: dict[str, asyncio.AbstractEventLoop] = {}
     prepared_at: list[float] = []
+    held = threading.Event()
+
+    def hold_the_loop() -> None:
+        held.set()
+        time.sleep(0.5)
 
     def prepare(rows: list[FakeRow]) -> list[FakeRow]:
-        loop_of["loop"].call_soon_threadsafe(time.sleep, 0.5)  # the event loop is held for half a second
-        time.sleep(0.05)  # ... and is held by now
+        loop_of["loop"].call_soon_threadsafe(hold_the_loop)  # the event loop is held for half a second
+        held.wait(PROMISE_S)  # ... and is held by now
         prepared_at.append(time.monotonic())
         return rows
 

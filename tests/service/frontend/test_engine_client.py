@@ -17,6 +17,7 @@ from service.frontend.engine_client import RemoteEngine
 from service.probes import HEARTBEAT_S
 from service.wire import frames
 from service.wire.ticket import Ticket
+from tests.service.conftest import wait_for_async
 
 STATE = frames.encode({"op": "state", "ready": True, "models": {}})
 BEAT = frames.encode({"op": "beat"})
@@ -31,6 +32,7 @@ class FakeEngineSocket:
         self.beating = True
         self.closed = False
         self.received: list[str] = []
+        self.connections = 0  # open now
         self._server: asyncio.AbstractServer | None = None
 
     async def __aenter__(self) -> FakeEngineSocket:
@@ -41,17 +43,22 @@ class FakeEngineSocket:
         assert self._server is not None
         self.closed = True
         self._server.close()
-        await asyncio.sleep(2 * HEARTBEAT_S)  # its connections see `closed` and end
+        # its connections see `closed` within a beat and end
+        assert await wait_for_async(lambda: self.connections == 0, timeout=5, every_s=0.02), "connections left open"
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(STATE)
-        reading = asyncio.create_task(self._read(reader))
-        while not self.closed:
-            if self.beating:
-                writer.write(BEAT)
-            await asyncio.sleep(HEARTBEAT_S)
-        writer.close()
-        reading.cancel()
+        self.connections += 1
+        try:
+            writer.write(STATE)
+            reading = asyncio.create_task(self._read(reader))
+            while not self.closed:
+                if self.beating:
+                    writer.write(BEAT)
+                await asyncio.sleep(HEARTBEAT_S)
+            writer.close()
+            reading.cancel()
+        finally:
+            self.connections -= 1
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
@@ -85,14 +92,17 @@ async def stops_beating(tmp_path: Path) -> None:
             await engine.infer("m", [row], Ticket.with_timeout(60.0))  # the fake engine never answers it
         took = time.monotonic() - started
         assert 0.9 < took < 1.8, took
-        await asyncio.sleep(HEARTBEAT_S)
-        assert fake.received == ["infer", "cancel"]  # where it wakes up, it drops the rows not run
+        # where it wakes up, it drops the rows not run: the cancel is on its way, at once
+        await wait_for_async(lambda: len(fake.received) >= 2, timeout=5, every_s=0.02)
+        assert fake.received == ["infer", "cancel"]
         assert "has not been heard from for" in str(engine.unresponsive())
         with pytest.raises(EngineUnavailable, match=r"\(--engine-silence-s 1\); try again shortly"):
             await engine.infer("m", [], ticket=None)  # type: ignore[arg-type]  # refused before the ticket is read
         fake.beating = True
-        await asyncio.sleep(3 * HEARTBEAT_S)
-        assert engine.unresponsive() is None
+        # heard again at its next beat, seen at the next tick of the watch (each every HEARTBEAT_S)
+        assert await wait_for_async(lambda: engine.unresponsive() is None, timeout=5, every_s=0.02), (
+            engine.unresponsive()
+        )
         await engine.stop()
 
 
