@@ -81,6 +81,16 @@ class ProcessTreeCpu:
         self._seconds = time.monotonic() - self._started
         self._after = self._read() if PROC.is_dir() else {}
 
+    def seconds(self) -> dict[str, float] | None:
+        """CPU seconds (utime + stime) each role used over the window, unrounded: to divide by the work done."""
+        if not self._after or self._seconds <= 0:
+            return None
+        used: dict[str, float] = {}
+        for pid, seconds in self._after.items():
+            role = self._roles[pid]
+            used[role] = used.get(role, 0.0) + seconds - self._before.get(pid, 0.0)
+        return used
+
     def summary(self) -> dict[str, dict[str, float]] | None:
         if not self._after or self._seconds <= 0:
             return None

@@ -1,0 +1,621 @@
+"""The work around the model (issue 37): a front-end's CPU per request and per sequence, beside the same inputs'
+tokenizer-alone cost, and the engine's CPU per row outside the model, per task and request size.
+
+For each task (classify: SST-2 dev sentences; ner: CoNLL-2003 test sentences; qa: SQuAD questions with their
+contexts; rerank: a query and SST-2 sentences as its documents, POST /v1/rerank on a cross-encoder entry) and each
+request size (--sizes, inputs per request), a real server in process mode with ONE front-end
+(`python -m service --engine-mode process --frontends 1`) takes --connections closed-loop keep-alive connections
+for --seconds, after --warmup-seconds of the same load. Measured over that window, from /proc
+(benchmarks.process_cpu):
+
+- front-end CPU (utime + stime of the front-end process) per answered request and per sequence (an input: a
+  sentence, a question, a document);
+- the same requests' inputs through the entry's own tokenizer.json alone (the `tokenizers` library, one thread,
+  TOKENIZERS_PARALLELISM=false; CPU time, the median of at least 3 rounds of whole passes over the requests,
+  measured once in this process and shared by both checkouts), per sequence, as the server tokenizes them:
+  classify and rerank one untruncated `encode_batch` per request, NER each text in windows of the entry's
+  max_length with the server's default stride, QA each question + context in the pipeline's windows (only_second
+  truncation, max_seq_len and doc_stride as bertcore.tasks.qa derives them: 384 and 128 for MiniLM), one encoding
+  per question; and the ratio front-end / tokenizer;
+- the engine process's CPU per row (a sequence, or a window of one: NER and QA rows are windows), from
+  bertserve_batch_size_sum. By default every model session in the engine process sleeps for as long as a GPU
+  would compute (benchmarks.engine_benchmark's SleepingSession: --fixed-ms + --per-token-us per padded token,
+  answering zeros; shape buckets on and one stream, as on a GPU), so that the model itself costs ~0 CPU and this is
+  the engine's own work, and the front-end is the bottleneck. `--real-model` serves the real CPU sessions instead
+  (then the engine's figure includes the model). The sleeping session's answers are zeros: NER finds no entity
+  and QA's spans are arbitrary, so their post-processing may cost less than on real logits; --real-model shows it.
+- the served rate (requests/s, sequences/s) and every non-200 answer (errors), which must be none.
+
+The sleeping sessions go into the engine process through a sitecustomize.py on its PYTHONPATH that only acts in
+`python -m service.engine` (it wraps EngineCore.load as engine_benchmark's engine does); the server's log must
+say it took effect, else the run stops.
+
+`--base-source DIR` measures another checkout too (its server runs its own code: cwd DIR, PYTHONPATH DIR, this
+checkout's Python), the same cells, and prints both and a side-by-side table of change / base per figure. Both
+servers are up at once (the idle one costs ~nothing) and each cell is measured on the base first, then on this
+checkout, back to back: CPU time varies from minute to minute on a shared machine (a busy neighbour on the same
+core slows every instruction), so compare within one run. By default the real checkpoints of ../shared
+are exported once (fp32) into --workdir/models, with a cross-encoder made as benchmarks.rerank_benchmark makes
+it (MiniLM SST-2's encoder and a fresh one-label head); `--repository` serves entries exported already (found by
+model.json's task and rerank mark, or named with --entry TASK=NAME).
+
+    python -m benchmarks.frontend_cost                                  # 4 tasks x 1 and 16 inputs, 8 s a cell
+    python -m benchmarks.frontend_cost --base-source /tmp/base --seconds 4 --json /tmp/frontend_cost.json
+    python -m benchmarks.frontend_cost --tasks classify,qa --sizes 1 --real-model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.loadclient import LoadResult, run_load
+from benchmarks.process_cpu import ProcessTreeCpu
+from benchmarks.realdata import SHARED, conll03, shared_available, squad, sst2
+from benchmarks.reports import write_report
+from benchmarks.scrape import delta, scrape
+from bertcore.model_config import ModelConfig
+from tests.harness.serving import ROOT, ServiceProcess, start_service
+
+TASKS = ("classify", "ner", "qa", "rerank")
+MODEL_TASK = {"classify": "classification", "ner": "ner", "qa": "qa", "rerank": "classification"}
+SHARED_ENTRIES = {
+    "classify": "minilm-bert-sst2",
+    "ner": "minilm-bert-conll03",
+    "qa": "minilm-bert-squad",
+    "rerank": "minilm-cross-encoder",
+}
+QUERIES = (  # rerank: the query of each request in turn, the documents SST-2 sentences
+    "a funny and moving film",
+    "the acting is terrible",
+    "a thriller that keeps you guessing",
+    "boring and far too long",
+)
+SLEEP_VARIABLE = "FRONTEND_COST_SLEEP"  # "fixed seconds,seconds per padded token" for the engine's sitecustomize
+SLEEP_MARK = "frontend_cost: sleeping sessions"
+# Imported by every Python process of the server (it is on their PYTHONPATH); acts only in the engine process of
+# process mode. The SleepingSession and the wrap of EngineCore.load are benchmarks/engine_benchmark.py's.
+SLEEPING_SITECUSTOMIZE = r'''
+"""benchmarks.frontend_cost: the engine's model sessions sleep at GPU speed (in `python -m service.engine` only)."""
+import os
+import sys
+
+
+def _install():
+    spec = os.environ.get("FRONTEND_COST_SLEEP")
+    try:
+        with open("/proc/self/cmdline", "rb") as stream:
+            command = stream.read()
+    except OSError:
+        return
+    if not spec or b"\0-m\0service.engine\0" not in command:
+        return
+    fixed_s, per_token_s = (float(part) for part in spec.split(","))
+
+    def patch(core):
+        import time
+
+        import numpy as np
+        from service.engine.runtime import output_shape
+
+        class SleepingSession:
+            def __init__(self, real):
+                self.real = real
+                self.outputs = {o.name: o.shape for o in real.get_outputs()}
+
+            def __getattr__(self, name):
+                return getattr(self.real, name)
+
+            def run(self, names, feed, options=None):
+                rows, width = next(iter(feed.values())).shape
+                time.sleep(fixed_s + per_token_s * rows * width)
+                return [np.zeros(output_shape(self.outputs[name], rows, width), np.float32) for name in names]
+
+        load = core.EngineCore.load
+
+        def sleeping_load(self):
+            load(self)
+            swapped = 0
+            for model in self.models.values():
+                if model.runtime is not None:
+                    model.runtime.session = SleepingSession(model.runtime.session)
+                    swapped += 1
+            print(
+                f"frontend_cost: sleeping sessions in {swapped} model(s): {1000 * fixed_s:g} ms + "
+                f"{1e6 * per_token_s:g} us a padded token per batch",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        core.EngineCore.load = sleeping_load
+
+    import importlib.machinery
+
+    class Finder:
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name != "service.engine.core":
+                return None
+            sys.meta_path.remove(cls)
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Finder)
+
+
+_install()
+'''
+
+
+@dataclass(frozen=True)
+class Cell:
+    task: str
+    size: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.task} x{self.size}"
+
+
+@dataclass
+class Workload:
+    """A cell's requests: (body, sequences) in the order sent, the path, and each request's tokenizer inputs."""
+
+    path: str
+    requests: list[tuple[dict, int]]
+    items: list[list[Any]]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated of {','.join(TASKS)}")
+    parser.add_argument("--sizes", default="1,16", help="inputs per request, comma-separated")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured load per cell")
+    parser.add_argument("--warmup-seconds", type=float, default=2.0, help="the same load before each measured one")
+    parser.add_argument("--connections", type=int, default=8, help="closed-loop keep-alive connections")
+    parser.add_argument("--inputs", type=int, default=1024, help="the first N sentences / questions of each task")
+    parser.add_argument("--tokenizer-seconds", type=float, default=1.0, help="least time of each tokenizer figure")
+    parser.add_argument("--real-model", action="store_true", help="the real CPU sessions, not sleeping ones")
+    parser.add_argument("--fixed-ms", type=float, default=1.2, help="the sleeping device: milliseconds per batch")
+    parser.add_argument("--per-token-us", type=float, default=0.375, help="... plus microseconds per padded token")
+    parser.add_argument("--device", default="cpu", help="the server's --device")
+    parser.add_argument("--server-args", default="", help="more settings for python -m service (shell-split)")
+    parser.add_argument("--repository", type=Path, help="entries exported already (default: ../shared's, exported)")
+    parser.add_argument(
+        "--entry", action="append", default=[], help="TASK=NAME: the entry that serves a task (repeatable)"
+    )
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertserve-frontend-cost"), help="exports, logs")
+    parser.add_argument("--base-source", type=Path, help="another checkout, measured too: each cell on it first")
+    parser.add_argument("--ready-timeout", type=float, default=300.0, help="longest wait for a server's /readyz")
+    parser.add_argument("--json", type=Path, help="write the figures here (default reports/frontend_cost.json)")
+    args = parser.parse_args(argv)
+    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if unknown := sorted(set(args.tasks) - set(TASKS)):
+        parser.error(f"unknown task(s): {', '.join(unknown)}; choose from {', '.join(TASKS)}")
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--sizes must be integers: {args.sizes!r}")
+    if not args.sizes or min(args.sizes) < 1:
+        parser.error("--sizes: at least one size, each >= 1")
+    try:
+        args.entries = dict(item.split("=", 1) for item in args.entry)
+    except ValueError:
+        parser.error(f"--entry takes TASK=NAME: {args.entry}")
+    if unknown := sorted(set(args.entries) - set(TASKS)):
+        parser.error(f"--entry for unknown task(s): {', '.join(unknown)}")
+    return args
+
+
+# --- the models and the inputs ---------------------------------------------------------------------------------
+
+
+def export_shared(workdir: Path, tasks: list[str]) -> Path:
+    """../shared's checkpoints for `tasks` as fp32 entries in workdir/models, exported once and then reused."""
+    if not shared_available():
+        raise SystemExit("../shared is absent: pass --repository (entries exported already)")
+    from export.cli import quiet_libraries
+    from export.pipeline import export_checkpoint
+
+    quiet_libraries()
+    repository = workdir / "models"
+    for task in tasks:
+        name = SHARED_ENTRIES[task]
+        if (repository / name / "model.json").is_file():
+            continue
+        started = time.monotonic()
+        if task == "rerank":
+            from benchmarks.rerank_benchmark import make_cross_encoder
+
+            checkpoint = make_cross_encoder(workdir / "cross-encoder-checkpoint")
+        else:
+            checkpoint = SHARED / "models" / name
+        export_checkpoint(str(checkpoint), name, repository, variants="fp32")
+        print(f"exported {name} into {repository} ({time.monotonic() - started:.0f} s)", flush=True)
+    return repository
+
+
+def find_entries(repository: Path, tasks: list[str], named: dict[str, str]) -> dict[str, str]:
+    """task -> entry name: --entry's, else the one entry of the task in the repository (../shared's name first)."""
+    configs = {}
+    for entry in sorted(repository.iterdir()):
+        if (entry / "model.json").is_file():
+            try:
+                configs[entry.name] = ModelConfig.read(entry)
+            except (OSError, ValueError) as exc:
+                print(f"  skipped entry {entry.name}: {exc}", flush=True)
+    found = {}
+    for task in tasks:
+        if task in named:
+            if named[task] not in configs:
+                raise SystemExit(f"--entry {task}={named[task]}: no such entry in {repository}")
+            found[task] = named[task]
+            continue
+        fits = [
+            name
+            for name, config in configs.items()
+            if config.task == MODEL_TASK[task]
+            and (task != "classify" or not config.rerank)
+            and (task != "rerank" or config.rerank)
+        ]
+        if SHARED_ENTRIES[task] in fits:
+            fits = [SHARED_ENTRIES[task]]
+        if len(fits) != 1:
+            what = f"several ({', '.join(fits)})" if fits else "none"
+            raise SystemExit(f"{task}: {what} of the entries in {repository} fit; name one with --entry {task}=NAME")
+        found[task] = fits[0]
+    return found
+
+
+def task_texts(task: str, limit: int) -> tuple[list[Any], str]:
+    """The inputs of a task (texts, or (question, context) pairs) and where they come from."""
+    if shared_available():
+        if task in ("classify", "rerank"):
+            return [sentence for sentence, _ in sst2(limit)], "SST-2 dev"
+        if task == "ner":
+            return [" ".join(words) for words, _ in conll03(limit)], "CoNLL-2003 test"
+        return [(question, context) for question, context, _ in squad(limit)], "SQuAD v1.1 dev (eval half)"
+    from export.sample_text import CONTEXT, QUESTIONS, SENTENCES
+
+    if task == "qa":
+        return [(question, CONTEXT) for question in QUESTIONS], "export.sample_text (no ../shared)"
+    return list(SENTENCES), "export.sample_text (no ../shared)"
+
+
+def workload(task: str, entry: str, texts: list[Any], size: int) -> Workload:
+    """Requests of `size` inputs each, in data order (the texts repeated where fewer than `size`)."""
+    while len(texts) < size:
+        texts = texts * 2
+    groups = [texts[i : i + size] for i in range(0, len(texts) - size + 1, size)]
+    if task == "rerank":
+        bodies = [
+            {"model": entry, "query": QUERIES[n % len(QUERIES)], "documents": group} for n, group in enumerate(groups)
+        ]
+        items = [[(body["query"], document) for document in body["documents"]] for body in bodies]
+        return Workload("/v1/rerank", [(body, size) for body in bodies], items)
+    if task == "qa":
+        bodies = [{"inputs": [{"question": q, "context": c} for q, c in group]} for group in groups]
+    else:
+        bodies = [{"inputs": group} for group in groups]
+    return Workload(f"/v1/models/{entry}/{task}", [(body, size) for body in bodies], [list(g) for g in groups])
+
+
+def tokenizer_alone(entry: Path, task: str, items: list[list[Any]], min_seconds: float) -> float:
+    """CPU microseconds per sequence of the entry's tokenizer.json alone on the requests' inputs, one thread, as the
+    server tokenizes them (classify, rerank: one encode_batch a request; NER: windows; QA: the pipeline's windows)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by the library when it first runs a batch
+    from tokenizers import Tokenizer
+
+    from bertcore.tasks import ner
+    from bertcore.tasks.qa import QaParams
+    from bertcore.tokenization import TextTokenizer
+
+    config = ModelConfig.read(entry)
+    path = entry / config.tokenizer.file
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    encode: Callable[[list[Any]], object]
+    if task in ("classify", "rerank"):
+        encode = tokenizer.encode_batch
+    elif task == "ner":
+        text_tokenizer = TextTokenizer.load(path, config.tokenizer.pad_token_id, config.tokenizer.padding_side)
+        stride = ner.default_stride(text_tokenizer, config.max_length)
+        tokenizer.enable_truncation(config.max_length, stride=stride, strategy="longest_first")
+
+        def encode(texts: list[Any]) -> object:
+            return [tokenizer.encode(text) for text in texts]
+    else:
+        max_seq_len, doc_stride = QaParams().window(config.max_length)
+        tokenizer.enable_truncation(max_seq_len, stride=doc_stride, strategy="only_second")
+
+        def encode(pairs: list[Any]) -> object:
+            return [tokenizer.encode(question, context) for question, context in pairs]
+
+    sequences = sum(len(request) for request in items)
+    for request in items[:8]:  # first calls set up caches
+        encode(request)
+    # Rounds of whole passes, until --tokenizer-seconds and at least 3 rounds; the median round: a neighbour's
+    # burst on a shared machine moves one round, not the figure.
+    rounds: list[float] = []
+    started = time.process_time()
+    while len(rounds) < 3 or time.process_time() - started < min_seconds:
+        passes, begun = 0, time.process_time()
+        while passes == 0 or time.process_time() - begun < 0.05:
+            for request in items:
+                encode(request)
+            passes += 1
+        rounds.append(1e6 * (time.process_time() - begun) / (passes * sequences))
+    return statistics.median(rounds)
+
+
+# --- the server and the load -----------------------------------------------------------------------------------
+
+
+def checkout_label(source: Path) -> str:
+    """The checkout's commit, and whether its tracked files have changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+    return f"{commit}{' + uncommitted changes' if dirty else ''}"
+
+
+def server_args(args: argparse.Namespace, entries: list[str]) -> list[str]:
+    extra = ["--engine-mode", "process", "--frontends", "1", "--device", args.device, "--models", ",".join(entries)]
+    if not args.real_model:
+        extra += ["--shape-buckets", "on", "--cpu-streams", "1"]  # the engine as it runs on a GPU
+    return [*extra, *shlex.split(args.server_args)]
+
+
+def start_server(
+    source: Path, repository: Path, entries: list[str], args: argparse.Namespace, log: Path
+) -> ServiceProcess:
+    """`python -m service` from `source` (its code: cwd and PYTHONPATH), with sleeping sessions unless
+    --real-model; ready, and the sleeping sessions checked in its log."""
+    paths = [str(source)]
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    if not args.real_model:
+        site = args.workdir / "sleeping-site"
+        site.mkdir(parents=True, exist_ok=True)
+        (site / "sitecustomize.py").write_text(SLEEPING_SITECUSTOMIZE)
+        paths.insert(0, str(site))
+        env[SLEEP_VARIABLE] = f"{args.fixed_ms / 1000!r},{args.per_token_us / 1e6!r}"
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    extra = server_args(args, entries)
+    print(f"  python -m service --repository {repository} {shlex.join(extra)}   (cwd {source})", flush=True)
+    started = time.monotonic()
+    server = start_service(repository, *extra, log_path=log, wait=False, env=env, source=source)
+    try:
+        server.wait_ready(timeout=args.ready_timeout)
+        if not args.real_model and SLEEP_MARK not in server.log():
+            raise RuntimeError(f"the engine did not take the sleeping sessions (no {SLEEP_MARK!r} in {log})")
+    except BaseException:
+        server.stop()
+        raise
+    print(f"  ready in {time.monotonic() - started:.1f} s; log {log}", flush=True)
+    return server
+
+
+def measure_cell(server: ServiceProcess, work: Workload, args: argparse.Namespace, tokenizer_us: float) -> dict:
+    bodies = [body for body, _ in work.requests]
+    sizes = [size for _, size in work.requests]
+    if args.warmup_seconds > 0:
+        run_load(server.url, work.path, bodies, sizes, args.connections, args.warmup_seconds)
+    before = metrics(server.url)
+    with ProcessTreeCpu(server.process.pid) as cpu:
+        load = run_load(server.url, work.path, bodies, sizes, args.connections, args.seconds)
+    rows = delta(before, metrics(server.url), "bertserve_batch_size_sum")
+    return figures(load, cpu.seconds() or {}, rows, tokenizer_us)
+
+
+def metrics(url: str) -> dict[str, float]:
+    return {name: float(value) for name, value in scrape(url).items()}
+
+
+def figures(load: LoadResult, cpu: dict[str, float], rows: float | None, tokenizer_us: float) -> dict:
+    """The cell's figures from its load, the CPU seconds by role over the window and the rows the engine ran."""
+    answered = load.statuses.get(200, 0)
+    sequences = load.sequences
+    frontend, engine = cpu.get("front-ends"), cpu.get("engine")
+    rows = rows if rows else None
+
+    def per(seconds: float | None, count: float | None) -> float | None:
+        return round(1e6 * seconds / count, 1) if seconds is not None and count else None
+
+    per_sequence = per(frontend, sequences)
+    return {
+        "requests": load.requests,
+        "answered": answered,
+        "sequences": sequences,
+        "rows": rows,
+        "errors": {str(status): n for status, n in sorted(load.statuses.items()) if status != 200},
+        "requests_per_s": round(answered / load.seconds, 1),
+        "sequences_per_s": round(sequences / load.seconds, 1),
+        "p50_ms": round(load.percentile_ms(0.5), 2),
+        "p99_ms": round(load.percentile_ms(0.99), 2),
+        "frontend_us_per_request": per(frontend, answered),
+        "frontend_us_per_sequence": per_sequence,
+        "tokenizer_us_per_sequence": round(tokenizer_us, 1),
+        "frontend_per_tokenizer": round(per_sequence / tokenizer_us, 1) if per_sequence and tokenizer_us else None,
+        "engine_us_per_row": per(engine, rows),
+        "rows_per_sequence": round(rows / sequences, 3) if rows and sequences else None,
+        "cores": {role: round(seconds / load.seconds, 2) for role, seconds in sorted(cpu.items())},
+        "seconds": round(load.seconds, 2),
+    }
+
+
+def measure_sources(
+    sources: list[tuple[str, Path]],
+    repository: Path,
+    entries: dict[str, str],
+    works: dict[Cell, Workload],
+    tokenizer: dict[Cell, float],
+    args: argparse.Namespace,
+) -> dict[str, dict]:
+    """A server from each checkout, all started first (an idle one costs ~nothing); then cell by cell, each
+    checkout in turn (the base first), so that a drift of the shared machine's speed falls on both alike."""
+    runs: dict[str, dict[str, Any]] = {
+        label: {"source": str(source), "checkout": checkout_label(source), "cells": {}} for label, source in sources
+    }
+    servers: dict[str, ServiceProcess] = {}
+    try:
+        for label, source in sources:
+            print(f"\n{label}: {source} ({runs[label]['checkout']})", flush=True)
+            log = args.workdir / "logs" / f"server-{label}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            servers[label] = start_server(source, repository, sorted(set(entries.values())), args, log)
+        print(flush=True)
+        for cell, work in works.items():
+            for label, server in servers.items():
+                row = runs[label]["cells"][cell.key] = measure_cell(server, work, args, tokenizer[cell])
+                print(f"  {label} {cell.key}: {json.dumps(row)}", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return runs
+
+
+# --- the tables ------------------------------------------------------------------------------------------------
+
+COLUMNS = (  # (heading, key, format)
+    ("requests/s", "requests_per_s", "{:,.0f}"),
+    ("sequences/s", "sequences_per_s", "{:,.0f}"),
+    ("front-end µs/request", "frontend_us_per_request", "{:,.0f}"),
+    ("front-end µs/sequence", "frontend_us_per_sequence", "{:,.0f}"),
+    ("tokenizer alone µs/sequence", "tokenizer_us_per_sequence", "{:,.1f}"),
+    ("front-end / tokenizer", "frontend_per_tokenizer", "{:,.1f}x"),
+    ("engine µs/row", "engine_us_per_row", "{:,.0f}"),
+)
+COMPARED = (
+    "requests_per_s",
+    "sequences_per_s",
+    "frontend_us_per_request",
+    "frontend_us_per_sequence",
+    "engine_us_per_row",
+)
+
+
+def _format(value: Any, pattern: str) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and not math.isfinite(value)) else pattern.format(value)
+
+
+def table(run: dict) -> list[str]:
+    lines = [
+        "| task | inputs | " + " | ".join(heading for heading, _, _ in COLUMNS) + " | errors |",
+        "|---|---|" + "---|" * len(COLUMNS) + "---|",
+    ]
+    for key, row in run["cells"].items():
+        task, size = key.split(" x")
+        values = " | ".join(_format(row[k], pattern) for _, k, pattern in COLUMNS)
+        lines.append(f"| {task} | {size} | {values} | {json.dumps(row['errors']) if row['errors'] else 'none'} |")
+    return lines
+
+
+def comparison(base: dict, change: dict) -> list[str]:
+    """change / base per figure, cell by cell."""
+    headings = [heading for heading, key, _ in COLUMNS if key in COMPARED]
+    lines = [
+        "| task | inputs | " + " | ".join(f"{h}: base → change (change/base)" for h in headings) + " |",
+        "|---|---|" + "---|" * len(headings),
+    ]
+    for key, after in change["cells"].items():
+        before = base["cells"].get(key)
+        if before is None:
+            continue
+        task, size = key.split(" x")
+        parts = []
+        for _, k, pattern in COLUMNS:
+            if k not in COMPARED:
+                continue
+            ratio = after[k] / before[k] if after[k] is not None and before[k] else None
+            parts.append(f"{_format(before[k], pattern)} → {_format(after[k], pattern)} ({_format(ratio, '{:.2f}')})")
+        lines.append(f"| {task} | {size} | " + " | ".join(parts) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    repository = args.repository.resolve() if args.repository else export_shared(args.workdir, args.tasks)
+    entries = find_entries(repository, args.tasks, args.entries)
+    works, tokenizer, inputs = {}, {}, {}
+    for task in args.tasks:
+        texts, where = task_texts(task, args.inputs)
+        inputs[task] = f"{len(texts)} from {where}"
+        for size in args.sizes:
+            cell = Cell(task, size)
+            works[cell] = workload(task, entries[task], texts, size)
+            tokenizer[cell] = tokenizer_alone(
+                repository / entries[task], task, works[cell].items, args.tokenizer_seconds
+            )
+    print(f"entries: {json.dumps(entries)}; inputs: {json.dumps(inputs)}", flush=True)
+    print(f"tokenizer alone, µs per sequence: { {c.key: round(v, 1) for c, v in tokenizer.items()} }", flush=True)
+    report: dict = {
+        "command": [sys.executable, "-m", "benchmarks.frontend_cost", *(sys.argv[1:] if argv is None else argv)],
+        "environment": {"cores": os.cpu_count(), "python": platform.python_version(), "machine": platform.node()},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "model": "real CPU sessions"
+        if args.real_model
+        else f"sleeping: {args.fixed_ms} ms + {args.per_token_us} us/token",
+        "server_args": server_args(args, sorted(set(entries.values()))),
+        "repository": str(repository),
+        "entries": entries,
+        "inputs": inputs,
+        "runs": {},
+    }
+    sources = [("base", args.base_source.resolve())] if args.base_source else []
+    report["runs"] = measure_sources([*sources, ("change", ROOT)], repository, entries, works, tokenizer, args)
+    print(
+        f"\n## frontend_cost: process mode, 1 front-end, {args.connections} connections, {args.seconds:g} s a cell; "
+        f"model: {report['model']}; {os.cpu_count()} cores",
+        flush=True,
+    )
+    for label, run in report["runs"].items():
+        print(f"\n{label}: {run['source']} ({run['checkout']})")
+        print("\n".join(table(run)))
+    if "base" in report["runs"]:
+        print("\nchange / base:")
+        print("\n".join(comparison(report["runs"]["base"], report["runs"]["change"])))
+    write_report("frontend_cost", report, args.json)
+    errors = {
+        f"{label} {key}": row["errors"]
+        for label, run in report["runs"].items()
+        for key, row in run["cells"].items()
+        if row["errors"]
+    }
+    if errors:
+        print(f"\nERRORS (non-200 answers): {json.dumps(errors)}", flush=True)
+        raise SystemExit(1)
+    return report
+
+
+if __name__ == "__main__":
+    main()
