@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import sleeping_session
 from benchmarks.loadclient import LoadResult
 from benchmarks.process_cpu import ProcessTreeCpu
 from benchmarks.realdata import SHARED, sst2
@@ -42,34 +43,14 @@ from benchmarks.scrape import delta, parse
 from service.metrics import merged_exposition
 from tests.harness.serving import ROOT
 
-# Runs in the engine process, from the checkout measured (so no import of this package): wraps every session.
-SLEEPING_ENGINE = """
-import sys, time
-import numpy as np
+# Runs in the engine process, from the checkout measured, with benchmarks.sleeping_session copied beside it (so no
+# import of this package): every session sleeps.
+SLEEPING_ENGINE = f"""
+import sys
 from service.engine import server
 from service.engine.core import EngineCore
-from service.engine.runtime import output_shape
-
-FIXED_S, PER_TOKEN_S = float(sys.argv[1]), float(sys.argv[2])
-
-class SleepingSession:
-    def __init__(self, real):
-        self.real = real
-        self.outputs = {o.name: o.shape for o in real.get_outputs()}
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-    def run(self, names, feed, options=None):
-        rows, width = next(iter(feed.values())).shape
-        time.sleep(FIXED_S + PER_TOKEN_S * rows * width)
-        return [np.zeros(output_shape(self.outputs[name], rows, width), np.float32) for name in names]
-
-load = EngineCore.load
-def sleeping_load(self):
-    load(self)
-    for model in self.models.values():
-        if model.runtime is not None:
-            model.runtime.session = SleepingSession(model.runtime.session)
-EngineCore.load = sleeping_load
+from {sleeping_session.MODULE_NAME} import sleep_on_load
+sleep_on_load(EngineCore, float(sys.argv[1]), float(sys.argv[2]))
 sys.exit(server.main(["--socket", sys.argv[3]]))
 """
 
@@ -226,6 +207,7 @@ def measure(source: Path, args: argparse.Namespace, lengths: list[int]) -> dict:
             "BERTSERVE_MAX_BATCH_TOKENS": str(args.max_batch_tokens),
             # --max-queue-rows at its default (32 full batches); older checkouts refuse past 2,048 rows queued (429s)
             "BERTSERVE_LOG_LEVEL": "warning",
+            "PYTHONPATH": str(sleeping_session.copy_beside(Path(workdir) / "site").parent),
         }
         command = [sys.executable, "-c", SLEEPING_ENGINE, str(args.fixed_ms / 1000), str(args.per_token_us / 1e6)]
         engine = subprocess.Popen([*command, str(socket_path)], cwd=source, env=env)

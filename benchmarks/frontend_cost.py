@@ -19,7 +19,7 @@ for --seconds, after --warmup-seconds of the same load. Measured over that windo
   per question; and the ratio front-end / tokenizer;
 - the engine process's CPU per row (a sequence, or a window of one: NER and QA rows are windows), from
   bertserve_batch_size_sum. By default every model session in the engine process sleeps for as long as a GPU
-  would compute (benchmarks.engine_benchmark's SleepingSession: --fixed-ms + --per-token-us per padded token,
+  would compute (benchmarks.sleeping_session: --fixed-ms + --per-token-us per padded token,
   answering zeros; shape buckets on and one stream, as on a GPU), so that the model itself costs ~0 CPU and this is
   the engine's own work, and the front-end is the bottleneck. `--real-model` serves the real CPU sessions instead
   (then the engine's figure includes the model). The sleeping session's answers are zeros: NER finds no entity
@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import sleeping_session
 from benchmarks.loadclient import LoadResult, run_load
 from benchmarks.process_cpu import ProcessTreeCpu
 from benchmarks.realdata import SHARED, conll03, shared_available, squad, sst2
@@ -84,9 +85,9 @@ QUERIES = (  # rerank: the query of each request in turn, the documents SST-2 se
     "boring and far too long",
 )
 SLEEP_VARIABLE = "FRONTEND_COST_SLEEP"  # "fixed seconds,seconds per padded token" for the engine's sitecustomize
-SLEEP_MARK = "frontend_cost: sleeping sessions"
-# Imported by every Python process of the server (it is on their PYTHONPATH); acts only in the engine process of
-# process mode. The SleepingSession and the wrap of EngineCore.load are benchmarks/engine_benchmark.py's.
+SLEEP_MARK = sleeping_session.MARK
+# Imported by every Python process of the server (it is on their PYTHONPATH, benchmarks.sleeping_session copied
+# beside it); acts only in the engine process of process mode.
 SLEEPING_SITECUSTOMIZE = r'''
 """benchmarks.frontend_cost: the engine's model sessions sleep at GPU speed (in `python -m service.engine` only)."""
 import os
@@ -105,41 +106,9 @@ def _install():
     fixed_s, per_token_s = (float(part) for part in spec.split(","))
 
     def patch(core):
-        import time
+        from bertserve_sleeping_session import sleep_on_load
 
-        import numpy as np
-        from service.engine.runtime import output_shape
-
-        class SleepingSession:
-            def __init__(self, real):
-                self.real = real
-                self.outputs = {o.name: o.shape for o in real.get_outputs()}
-
-            def __getattr__(self, name):
-                return getattr(self.real, name)
-
-            def run(self, names, feed, options=None):
-                rows, width = next(iter(feed.values())).shape
-                time.sleep(fixed_s + per_token_s * rows * width)
-                return [np.zeros(output_shape(self.outputs[name], rows, width), np.float32) for name in names]
-
-        load = core.EngineCore.load
-
-        def sleeping_load(self):
-            load(self)
-            swapped = 0
-            for model in self.models.values():
-                if model.runtime is not None:
-                    model.runtime.session = SleepingSession(model.runtime.session)
-                    swapped += 1
-            print(
-                f"frontend_cost: sleeping sessions in {swapped} model(s): {1000 * fixed_s:g} ms + "
-                f"{1e6 * per_token_s:g} us a padded token per batch",
-                file=sys.stderr,
-                flush=True,
-            )
-
-        core.EngineCore.load = sleeping_load
+        sleep_on_load(core.EngineCore, fixed_s, per_token_s, announce=True)
 
     import importlib.machinery
 
@@ -405,6 +374,7 @@ def start_server(
         site = args.workdir / "sleeping-site"
         site.mkdir(parents=True, exist_ok=True)
         (site / "sitecustomize.py").write_text(SLEEPING_SITECUSTOMIZE)
+        sleeping_session.copy_beside(site)
         paths.insert(0, str(site))
         env[SLEEP_VARIABLE] = f"{args.fixed_ms / 1000!r},{args.per_token_us / 1e6!r}"
     env["PYTHONPATH"] = os.pathsep.join(paths)
