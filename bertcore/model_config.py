@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
 MODEL_CONFIG = "model.json"
 FORMAT_VERSION = 1
-Task = Literal["classification", "ner", "qa"]
-TASKS: tuple[Task, ...] = ("classification", "ner", "qa")
+Task = Literal["classification", "ner", "qa", "embedding"]
+TASKS: tuple[Task, ...] = ("classification", "ner", "qa", "embedding")
+# An embedding entry's pooling of the encoder's token states into one vector (sentence-transformers' modes).
+POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens")
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,20 @@ class TokenizerSpec:
     file: str
     pad_token_id: int
     padding_side: str = "right"  # "left" for XLNet, whose classifier token is last
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    """What an embedding entry's graph does after the encoder (all inside the graph, whose one output is a vector
+    per input): its pooling, its Dense layers, whether it L2-normalizes; `dimension` is the vector's size."""
+
+    pooling: str
+    normalize: bool
+    dimension: int
+    dense_layers: int = 0
+    similarity: str = "cosine"  # sentence-transformers' similarity_fn_name: how its vectors are compared
+    prompts: Mapping[str, str] = field(default_factory=dict)  # sentence-transformers' named prompts (prefixes)
+    default_prompt_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,11 +60,13 @@ class ModelConfig:
     # A one-label classification entry (a cross-encoder): its score of a (query, document) pair ranks documents.
     # Entries exported before it was recorded: False.
     rerank: bool = False
+    # An embedding entry's pooling, normalization and vector size (None for every other task).
+    embedding: EmbeddingSpec | None = None
 
     @property
     def per_token(self) -> bool:
-        """Outputs per token (NER, QA) rather than one per sequence."""
-        return self.task != "classification"
+        """Outputs per token (NER, QA) rather than one per sequence (classification logits, an embedding)."""
+        return self.task not in ("classification", "embedding")
 
     def variant_file(self, variant: str) -> str:
         return str(self.variants[variant]["file"])
@@ -82,6 +100,7 @@ class ModelConfig:
             vocab_size=_vocab_size(data),
             raw=data,
             rerank=_rerank(data),
+            embedding=_embedding(data),
         )
 
     @classmethod
@@ -122,3 +141,33 @@ def _rerank(data: Mapping[str, Any]) -> bool:
     if rerank and (data.get("task") != "classification" or len(data.get("labels") or ()) != 1):
         raise ValueError(f"{MODEL_CONFIG} marks a rerank entry that is not a classification entry with one label")
     return rerank
+
+
+def _embedding(data: Mapping[str, Any]) -> EmbeddingSpec | None:
+    """model.json's "embedding": required of an embedding entry, refused on any other."""
+    if data.get("task") != "embedding":
+        if data.get("embedding") is not None:
+            raise ValueError(f"{MODEL_CONFIG} has an 'embedding' section but task {data.get('task')!r}")
+        return None
+    spec = _field(data, "embedding", dict)
+    pooling = _field(spec, "pooling", str)
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"{MODEL_CONFIG} embedding.pooling {pooling!r} is not one of {', '.join(POOLING_MODES)}")
+    dimension = _field(spec, "dimension", int)
+    if dimension < 1:
+        raise ValueError(f"{MODEL_CONFIG} embedding.dimension {dimension} is not a vector size")
+    prompts = spec.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ValueError(f"{MODEL_CONFIG} embedding.prompts is not a map of names to prefixes")
+    default_prompt = spec.get("default_prompt_name")
+    if default_prompt is not None and default_prompt not in prompts:
+        raise ValueError(f"{MODEL_CONFIG} embedding.default_prompt_name {default_prompt!r} names no prompt")
+    return EmbeddingSpec(
+        pooling=pooling,
+        normalize=_field(spec, "normalize", bool),
+        dimension=dimension,
+        dense_layers=int(spec.get("dense_layers") or 0),
+        similarity=str(spec.get("similarity") or "cosine"),
+        prompts={str(k): v for k, v in prompts.items()},
+        default_prompt_name=default_prompt,
+    )

@@ -79,11 +79,13 @@ OUTPUT_NAMES: dict[Task, tuple[str, ...]] = {
     "classification": ("logits",),
     "ner": ("logits",),
     "qa": ("start_logits", "end_logits"),
+    "embedding": ("sentence_embedding",),  # [batch, dimension]: pooled (and Dense, normalized) inside the graph
 }
 
-# Dynamic axes of each output: classification logits are per row, the others per token.
+# Dynamic axes of each output: classification logits and embeddings are per row, the others per token.
 OUTPUT_AXES: dict[Task, dict[int, str]] = {
     "classification": {0: "batch"},
+    "embedding": {0: "batch"},
     "ner": {0: "batch", 1: "sequence"},
     "qa": {0: "batch", 1: "sequence"},
 }
@@ -92,7 +94,8 @@ OUTPUT_AXES: dict[Task, dict[int, str]] = {
 def supported_summary() -> str:
     names = ", ".join(a.display_name for a in ARCHITECTURES.values())
     return (
-        f"supported: {names} with a sequence classification, token classification (ner) or question answering (qa) head"
+        f"supported: {names} with a sequence classification, token classification (ner) or question answering (qa) "
+        "head, or as sentence embeddings (a sentence-transformers directory, or a base model with --task embedding)"
     )
 
 

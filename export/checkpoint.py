@@ -13,6 +13,13 @@ import torch
 
 from bertcore.messages import one_line
 from export.architectures import ARCHITECTURES, Architecture, Task, supported_summary, task_of_architecture
+from export.embedding import (
+    EmbeddingHead,
+    SentenceEncoder,
+    head_from_options,
+    is_sentence_transformers,
+    read_sentence_transformers,
+)
 from export.errors import ExportError
 
 WEIGHT_FILES = (
@@ -44,6 +51,7 @@ class Checkpoint:
     hidden_size: int
     source_info: dict[str, Any] = field(default_factory=dict)
     input_names: tuple[str, ...] = ()  # what the graph takes: the architecture's, less segments it has no use for
+    embedding: EmbeddingHead | None = None  # task embedding: what follows the encoder inside the graph
 
     def __post_init__(self) -> None:
         if not self.input_names:
@@ -60,11 +68,22 @@ class Checkpoint:
         return self.task == "classification" and self.labels is not None and len(self.labels) == 1
 
 
-def load_checkpoint(source: str, task: str = "auto", max_length: int | None = None) -> Checkpoint:
-    """Load and check everything the export needs, before anything is written anywhere."""
+def load_checkpoint(
+    source: str,
+    task: str = "auto",
+    max_length: int | None = None,
+    pooling: str | None = None,
+    normalize: bool = False,
+) -> Checkpoint:
+    """Load and check everything the export needs, before anything is written anywhere. `pooling` and `normalize`
+    (--pooling, --normalize) make an embedding model of a base checkpoint; a sentence-transformers directory
+    (modules.json) is an embedding model of its own."""
     from transformers import AutoConfig
 
     local_dir = _local_dir(source)
+    head = _embedding_head(source, local_dir, task, pooling, normalize)
+    if head is not None and local_dir is not None and head.transformer_path:
+        local_dir = local_dir / head.transformer_path  # the encoder's own folder inside the directory
     raw = _read_raw_config(local_dir) if local_dir else None
     if raw is not None:
         _check_architecture(source, raw.get("model_type"), raw.get("architectures"))
@@ -77,17 +96,30 @@ def load_checkpoint(source: str, task: str = "auto", max_length: int | None = No
             f"checkpoint {source!r} is not a local directory and could not be fetched from the hub ({one_line(exc)})"
         ) from exc
     architecture, class_name = _check_architecture(source, config.model_type, config.architectures)
-    resolved_task = _resolve_task(source, class_name, task)
+    resolved_task = _resolve_task(source, class_name, task, head)
     model = _load_model(source, local_dir, resolved_task)
+    if head is not None:
+        model = SentenceEncoder(model, head).eval()
     tokenizer = _load_tokenizer(source, local_dir)
+    if head is not None and head.do_lower_case and not _lower_cases(tokenizer):
+        raise ExportError(
+            f"{source}: do_lower_case is set but the tokenizer keeps case; the server tokenizes with "
+            "tokenizer.json alone, so it would not lower-case as sentence-transformers does"
+        )
+    if head is not None and max_length is None and head.max_seq_length is not None:
+        max_length = min(head.max_seq_length, _max_length(config, architecture, tokenizer, None))
     if len(tokenizer) > config.vocab_size:
         raise ExportError(
             f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {config.vocab_size}: "
             "they do not belong together"
         )
     labels = _labels(config, resolved_task)
+    source_info = _source_info(source, local_dir, config)
+    root = head.directory if head is not None else None  # a sentence-transformers directory, not its encoder's folder
+    if root is not None:
+        source_info["checkpoint"] = root
     return Checkpoint(
-        source=str(local_dir.resolve()) if local_dir else source,
+        source=root or (str(local_dir.resolve()) if local_dir else source),
         architecture=architecture,
         class_name=class_name,
         task=resolved_task,
@@ -99,9 +131,39 @@ def load_checkpoint(source: str, task: str = "auto", max_length: int | None = No
         num_layers=int(config.num_hidden_layers),  # XLNet's n_layer, n_head and d_model answer to these names too
         num_heads=int(config.num_attention_heads),
         hidden_size=int(config.hidden_size),
-        source_info=_source_info(source, local_dir, config),
+        source_info=source_info,
         input_names=_input_names(architecture, config),
+        embedding=head,
     )
+
+
+def _lower_cases(tokenizer: Any) -> bool:
+    normalizer = tokenizer.backend_tokenizer.normalizer
+    return normalizer is not None and normalizer.normalize_str("A") == "a"
+
+
+def _embedding_head(
+    source: str, local_dir: Path | None, task: str, pooling: str | None, normalize: bool
+) -> EmbeddingHead | None:
+    """The embedding head of a sentence-transformers directory or of --task embedding --pooling; None for the
+    other tasks (which take neither --pooling nor --normalize)."""
+    if is_sentence_transformers(local_dir) and task not in ("auto", "embedding"):
+        raise ExportError(
+            f"task mismatch: {source} is a sentence-transformers directory (embedding) but --task {task} was given"
+        )
+    if is_sentence_transformers(local_dir):
+        if pooling is not None or normalize:
+            raise ExportError(
+                f"{source} is a sentence-transformers directory: its pooling and normalization come from its "
+                "modules.json; leave out --pooling and --normalize"
+            )
+        assert local_dir is not None
+        return read_sentence_transformers(local_dir)
+    if task == "embedding":
+        return head_from_options(pooling, normalize)
+    if pooling is not None or normalize:
+        raise ExportError(f"--pooling and --normalize are for --task embedding, not --task {task}")
+    return None
 
 
 def _input_names(architecture: Architecture, config: Any) -> tuple[str, ...]:
@@ -146,11 +208,22 @@ def _check_architecture(source: str, model_type: Any, architectures: Any) -> tup
     return architecture, class_name
 
 
-def _resolve_task(source: str, class_name: str, requested: str) -> Task:
+def _resolve_task(source: str, class_name: str, requested: str, head: EmbeddingHead | None = None) -> Task:
     detected = task_of_architecture(class_name) if class_name else None
+    if head is not None:
+        if detected is not None and not head.sentence_transformers:  # a task head: its encoder is not an embedder
+            raise ExportError(
+                f"task mismatch: {source} is a {class_name} ({detected}) but --task embedding was given; "
+                "embeddings come from a base model (*Model) or a sentence-transformers directory"
+            )
+        return "embedding"
     if detected is None:
         what = class_name or "a checkpoint with no 'architectures' entry"
-        raise ExportError(f"{source} is {what}: a base model with no task head cannot be served; {supported_summary()}")
+        raise ExportError(
+            f"{source} is {what}: a base model with no task head; export it as an embedding model with "
+            f"--task embedding --pooling mean|cls|max [--normalize], or export a checkpoint with a task head "
+            f"({supported_summary()})"
+        )
     if requested not in ("auto", detected):
         raise ExportError(f"task mismatch: {source} is a {class_name} ({detected}) but --task {requested} was given")
     return detected
@@ -158,6 +231,7 @@ def _resolve_task(source: str, class_name: str, requested: str) -> Task:
 
 def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
     from transformers import (
+        AutoModel,
         AutoModelForQuestionAnswering,
         AutoModelForSequenceClassification,
         AutoModelForTokenClassification,
@@ -167,6 +241,7 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
         "classification": AutoModelForSequenceClassification,
         "ner": AutoModelForTokenClassification,
         "qa": AutoModelForQuestionAnswering,
+        "embedding": AutoModel,
     }[task]
     if local_dir is not None and not any((local_dir / name).is_file() for name in WEIGHT_FILES):
         raise ExportError(f"{local_dir} has no weights ({' or '.join(WEIGHT_FILES[:2])})")
@@ -180,7 +255,11 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
         )
     except Exception as exc:
         raise ExportError(f"could not load the weights of {source}: {one_line(exc)}") from exc
-    missing = sorted(k for k in info.get("missing_keys", ()) if not k.endswith(NON_PERSISTENT_SUFFIXES))
+    missing = sorted(
+        k
+        for k in info.get("missing_keys", ())
+        if not k.endswith(NON_PERSISTENT_SUFFIXES) and not (task == "embedding" and k.startswith("pooler."))
+    )
     mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
     if missing or mismatched:
         shown = ", ".join((missing + mismatched)[:4])
@@ -207,7 +286,7 @@ def _load_tokenizer(source: str, local_dir: Path | None) -> Any:
 
 
 def _labels(config: Any, task: Task) -> list[str] | None:
-    if task == "qa":
+    if task in ("qa", "embedding"):
         return None
     id2label = {int(k): str(v) for k, v in (config.id2label or {}).items()}
     if sorted(id2label) != list(range(config.num_labels)):

@@ -13,7 +13,8 @@ from export.errors import ExportError
 
 DESCRIPTION = """Export a fine-tuned BERT-family checkpoint (BERT, RoBERTa, ALBERT, DistilBERT, XLM-RoBERTa, CamemBERT,
 ELECTRA, ERNIE, MobileBERT, DeBERTa-v2/v3, ModernBERT or XLNet; sequence classification, token classification or
-question answering) to a validated, optimized ONNX model-repository entry.
+question answering; or sentence embeddings: a sentence-transformers directory, or a base model with --task embedding
+--pooling) to a validated, optimized ONNX model-repository entry.
 `python -m export demo` builds the demo repository instead, one model per task: small public fine-tuned
 checkpoints from the Hugging Face hub where it is reachable, else small random-weight models (it says so)."""
 
@@ -25,7 +26,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint directory or hub id; 'demo' builds the demo repository (write ./demo for a folder named demo)",
     )
     parser.add_argument("--name", help="name of the repository entry (required unless 'demo')")
-    parser.add_argument("--task", default="auto", choices=["auto", "classification", "ner", "qa"])
+    parser.add_argument(
+        "--task",
+        default="auto",
+        choices=["auto", "classification", "ner", "qa", "embedding"],
+        help="default: from the checkpoint's head (a sentence-transformers directory, with modules.json: embedding)",
+    )
+    parser.add_argument(
+        "--pooling",
+        choices=["mean", "cls", "max", "mean_sqrt_len_tokens"],
+        default=None,
+        help="--task embedding on a base (*Model) checkpoint: how token states become one vector",
+    )
+    parser.add_argument(
+        "--normalize",
+        action="store_true",
+        help="--task embedding on a base checkpoint: L2-normalize each vector (inside the graph)",
+    )
     parser.add_argument("--repository", type=Path, default=Path("models"), help="model repository (default: models)")
     parser.add_argument(
         "--variants",
@@ -43,15 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="labelled data to measure every variant on against fp32: text<TAB>label TSV (classification), "
-        "CoNLL (ner), SQuAD JSON (qa)",
+        'CoNLL (ner), SQuAD JSON (qa), retrieval JSON (embedding: {"queries": [str], "passages": [str], '
+        '"answers": [[passage index, ...] per query]}, recall@1 and recall@10; python -m export.retrieval_data '
+        "makes one from SQuAD)",
     )
-    parser.add_argument("--eval-limit", type=int, default=None, help="use only the first N examples of --eval")
+    parser.add_argument(
+        "--eval-limit", type=int, default=None, help="use only the first N examples (embedding: queries) of --eval"
+    )
     parser.add_argument(
         "--max-accuracy-loss",
         type=float,
         default=0.5,
-        help="points of accuracy (entity F1, SQuAD F1) a variant may lose against fp32 on --eval data, or it is "
-        "refused (default 0.5)",
+        help="points of accuracy (entity F1, SQuAD F1, embedding: recall@10) a variant may lose against fp32 on "
+        "--eval data, or it is refused (default 0.5)",
     )
     parser.add_argument("--max-length", type=int, default=None, help="longest input in tokens (default: the model's)")
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default 17)")
@@ -115,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                     eval_limit=args.eval_limit,
                     max_accuracy_loss=args.max_accuracy_loss,
                     calibration=args.calibration,
+                    pooling=args.pooling,
+                    normalize=args.normalize,
                 )
             ]
     except ExportError as exc:

@@ -10,6 +10,8 @@ Formats, one per task:
   (the official normalisation, best over the gold answers) of the answer the server gives at its defaults: the
   server's own windows and decoding (`bertcore.tasks.qa`: windows of 384 tokens overlapping by 128, the best
   answer of at most 15 tokens by the pipeline's scores). The budget applies to F1.
+- embedding: retrieval JSON (queries, passages, which passages answer each query: export/retrieval.py). Metrics:
+  recall@1, recall@10 and MRR@10 of every query searched against every passage. The budget applies to recall@10.
 Scores are in points (percent). Inputs run in batches of 16 rows of like length, as the server batches them.
 """
 
@@ -31,13 +33,14 @@ import onnxruntime as ort
 from bertcore.messages import one_line
 from bertcore.tasks import ner, qa
 from bertcore.tokenization import TextTokenizer
+from export import retrieval
 from export.checkpoint import Checkpoint
 from export.errors import ExportError
 from export.validation import pad_rows
 
-PRIMARY_METRIC = {"classification": "accuracy", "ner": "f1", "qa": "f1"}
-FORMATS = {"classification": "text/label TSV", "ner": "CoNLL", "qa": "SQuAD JSON"}
-AGREEMENT_OF = {"classification": "labels", "ner": "word tags", "qa": "answer spans"}
+PRIMARY_METRIC = {"classification": "accuracy", "ner": "f1", "qa": "f1", "embedding": retrieval.METRIC}
+FORMATS = {"classification": "text/label TSV", "ner": "CoNLL", "qa": "SQuAD JSON", "embedding": retrieval.FORMAT}
+AGREEMENT_OF = {"classification": "labels", "ner": "word tags", "qa": "answer spans", "embedding": "top-1 passages"}
 DEFAULT_MAX_LOSS = 0.5
 BATCH_ROWS = 16
 QA_PARAMS = qa.QaParams()  # the server's defaults
@@ -49,10 +52,11 @@ class EvalSet:
 
     task: str
     path: Path
-    golds: list[Any]  # label index / word tags / gold answer texts
+    golds: list[Any]  # label index / word tags / gold answer texts / relevant passage indices
     feeds: list[dict[str, np.ndarray]]  # the model's inputs, BATCH_ROWS rows each
     order: list[list[int]]  # the row index of each row of each feed (rows: one per example, QA: one per window)
     extras: list[Any] = field(default_factory=list)  # per example: first token of each word, or a QaExample
+    similarity: str = "cosine"  # embedding: how query and passage vectors are compared
 
     def __len__(self) -> int:
         return len(self.golds)
@@ -74,6 +78,8 @@ def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) 
         raise ExportError("--eval supports single-label classification only (this model is multi-label)")
     if checkpoint.rerank:
         raise ExportError("--eval takes labelled classes; this model has one label (a cross-encoder's score)")
+    if checkpoint.task == "embedding":
+        return _retrieval_set(path, checkpoint, limit)
     try:
         readers: dict[str, Callable[[Path, Checkpoint], list[Any]]] = {
             "classification": _read_tsv,
@@ -195,6 +201,16 @@ def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:
     return EvalSet(task, path, golds, feeds, order, extras)
 
 
+def _retrieval_set(path: Path, checkpoint: Checkpoint, limit: int | None) -> EvalSet:
+    data = retrieval.read_retrieval(path, limit)
+    rows = retrieval.encode_rows(checkpoint, data)
+    by_length = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
+    order = [by_length[i : i + BATCH_ROWS] for i in range(0, len(by_length), BATCH_ROWS)]
+    feeds = [pad_rows([rows[i] for i in chunk], checkpoint) for chunk in order]
+    similarity = checkpoint.embedding.similarity if checkpoint.embedding is not None else "cosine"
+    return EvalSet("embedding", path, list(data.answers), feeds, order, similarity=similarity)
+
+
 def _first_token_of_words(spans: list[tuple[int, int]], offsets: list[tuple[int, int]]) -> list[int | None]:
     """Per word, the first token that covers part of it (None where truncation cut the word off)."""
     firsts: list[int | None] = []
@@ -210,6 +226,8 @@ def predict(session: ort.InferenceSession, data: EvalSet, labels: list[str] | No
     """Each example's answer: a label index, a tag per word, or an answer span (start, end) in characters."""
     if data.task == "qa":
         return _answer(session, data)
+    if data.task == "embedding":
+        return list(retrieval.search(session, data.feeds, data.order, len(data), data.similarity))
     answers: list[Any] = [None] * len(data)
     tag_names = labels or []  # NER only: a token-classification checkpoint always names its labels
     for feed, chunk in zip(data.feeds, data.order, strict=True):
@@ -250,6 +268,8 @@ def _answer(session: ort.InferenceSession, data: EvalSet) -> list[tuple[int, int
 
 def score(data: EvalSet, answers: list[Any]) -> dict[str, float]:
     """The task's metrics, in points."""
+    if data.task == "embedding":
+        return retrieval.score(answers, data.golds)
     if data.task == "classification":
         return {"accuracy": round(100 * float(np.mean([a == g for a, g in zip(answers, data.golds, strict=True)])), 2)}
     if data.task == "ner":
@@ -268,7 +288,9 @@ def score(data: EvalSet, answers: list[Any]) -> dict[str, float]:
 
 
 def agreement(task: str, answers: list[Any], reference: list[Any]) -> float:
-    """Share of labels / word tags / answer spans equal to the reference's."""
+    """Share of labels / word tags / answer spans / best passages equal to the reference's."""
+    if task == "embedding":
+        return retrieval.agreement(answers, reference)
     if task == "ner":
         pairs = [(a, r) for words, ref in zip(answers, reference, strict=True) for a, r in zip(words, ref, strict=True)]
     else:

@@ -19,6 +19,7 @@ from bertcore.version import __version__
 from export.architectures import OUTPUT_NAMES
 from export.calibration import CalibrationSet, calibration_feeds, calibration_set, write_int8_static
 from export.checkpoint import Checkpoint, load_checkpoint
+from export.embedding_check import COSINE_BOUNDS, EmbeddingReference, cosines, embedding_reference
 from export.errors import ExportError
 from export.evaluation import (
     DEFAULT_MAX_LOSS,
@@ -92,20 +93,27 @@ def export_checkpoint(
     max_accuracy_loss: float = DEFAULT_MAX_LOSS,
     calibration: Path | None = None,
     source_info: Mapping[str, Any] | None = None,
+    pooling: str | None = None,
+    normalize: bool = False,
 ) -> ExportResult:
     """source_info: what the caller knows of where the checkpoint came from (the demo's hub id and commit),
-    recorded in model.json's `source` over what the loader found."""
+    recorded in model.json's `source` over what the loader found. pooling, normalize: --task embedding on a base
+    checkpoint (a sentence-transformers directory says its own)."""
     started = time.perf_counter()
     check_name(name)
     wanted = parse_variants(variants)
     if max_accuracy_loss < 0:
         raise ExportError(f"--max-accuracy-loss {max_accuracy_loss:g} is negative: it is the points a variant may lose")
     progress(f"loading {source}")
-    checkpoint = load_checkpoint(source, task, max_length)
+    checkpoint = load_checkpoint(source, task, max_length, pooling, normalize)
     eval_set = load_eval_set(eval_path, checkpoint, eval_limit) if eval_path is not None else None
     calibration_texts = calibration_set(checkpoint.task, calibration) if "int8" in wanted else None
     cases = build_cases(checkpoint)
     references = reference_outputs(checkpoint, cases)
+    embedding_ref = None
+    if checkpoint.embedding is not None:
+        embedding_ref = embedding_reference(checkpoint)
+        progress(f"reference vectors of {len(embedding_ref.texts)} texts from {embedding_ref.source}")
     with staged_entry(repository, name) as staging:
         raw = staging / "model.raw.onnx"
         progress(f"exporting {checkpoint.class_name} to ONNX (opset {opset})")
@@ -115,6 +123,7 @@ def export_checkpoint(
         raw.unlink()
         write_cpu_graph(staging / FUSED_FILE, staging / file_name("fp32"))
         variant_entries = {}
+        refused_early: dict[str, dict[str, Any]] = {}
         attention_fusion: dict[str, Any] = {}
         for variant in wanted:
             path = staging / file_name(variant)
@@ -129,12 +138,20 @@ def export_checkpoint(
                         f"attention left unfused ({attention_fusion['fused_layers']} of "
                         f"{checkpoint.num_layers} layers fused): {unfused}"
                     )
-            validation = _validate_variant(variant, path, checkpoint, cases, references)
+            validation = _validate_variant(variant, path, checkpoint, cases, references, embedding_ref)
             if variant == "fp32" and not validation.passed:
-                raise ExportError(
-                    f"fp32 ONNX output differs from PyTorch by {validation.max_abs_diff:.3g} "
-                    f"(tolerance {FP32_TOLERANCE:g}); see the cases: {validation.cases}"
-                )
+                if validation.max_abs_diff is not None and validation.max_abs_diff > FP32_TOLERANCE:
+                    raise ExportError(
+                        f"fp32 ONNX output differs from PyTorch by {validation.max_abs_diff:.3g} "
+                        f"(tolerance {FP32_TOLERANCE:g}); see the cases: {validation.cases}"
+                    )
+                raise ExportError(_cosine_refusal("fp32", validation))
+            if validation.passed is False:  # an embedding variant below its cosine bound
+                reason = _cosine_refusal(variant, validation)
+                progress(reason)
+                path.unlink()
+                refused_early[variant] = {"reason": reason, "validation": validation.to_dict()}
+                continue
             variant_entries[variant] = {
                 "file": path.name,
                 "providers": VARIANT_PROVIDERS[variant],
@@ -146,11 +163,15 @@ def export_checkpoint(
         if "int8-dynamic" not in wanted:  # static int8 is made from it
             (staging / file_name("int8-dynamic")).unlink(missing_ok=True)
         (staging / FUSED_FILE).unlink()
-        refused = _measure_accuracy(staging, variant_entries, eval_set, checkpoint, max_accuracy_loss, progress)
+        refused = refused_early | _measure_accuracy(
+            staging, variant_entries, eval_set, checkpoint, max_accuracy_loss, progress
+        )
         tokenizer_info = _save_tokenizer(checkpoint, staging)
         seconds = time.perf_counter() - started
         config = _entry_config(checkpoint, name, demo, opset, variant_entries, tokenizer_info, seconds)
         config["source"] = {**config["source"], **(source_info or {})}
+        if checkpoint.embedding is not None:
+            config["embedding"] = checkpoint.embedding.spec(checkpoint.hidden_size)
         if eval_set is not None:
             config["evaluation"] = {
                 "data": str(eval_set.path),
@@ -239,7 +260,12 @@ def contrib_operator_counts(path: Path) -> dict[str, int]:
 
 
 def _validate_variant(
-    variant: str, path: Path, checkpoint: Checkpoint, cases: list[Case], references: list[dict]
+    variant: str,
+    path: Path,
+    checkpoint: Checkpoint,
+    cases: list[Case],
+    references: list[dict],
+    embedding_ref: EmbeddingReference | None = None,
 ) -> Validation:
     provider = VARIANT_PROVIDERS[variant][0]
     if provider not in ort.get_available_providers():
@@ -258,7 +284,31 @@ def _validate_variant(
     if session.get_providers()[0] != provider:
         return Validation(variant=variant, validated=False, reason=f"{provider} could not be initialised")
     tolerance = FP32_TOLERANCE if variant == "fp32" else None
-    return validate(variant, session, checkpoint, cases, references, tolerance)
+    validation = validate(variant, session, checkpoint, cases, references, tolerance)
+    if embedding_ref is not None:
+        found = cosines(session, checkpoint, embedding_ref)
+        bound = COSINE_BOUNDS.get(variant)
+        validation.embedding_reference = {
+            "reference": embedding_ref.source,
+            "texts": len(found),
+            "min_cosine": float(found.min()),
+            "mean_cosine": float(found.mean()),
+            "bound": bound,
+            "cosines": [round(float(c), 7) for c in found],
+        }
+        if bound is not None:
+            within = bool(found.min() >= bound)
+            validation.passed = within if validation.passed is None else validation.passed and within
+    return validation
+
+
+def _cosine_refusal(variant: str, validation: Validation) -> str:
+    record = validation.embedding_reference or {}
+    return (
+        f"{variant} refused: its vectors' least cosine with {record.get('reference')} is "
+        f"{record.get('min_cosine', float('nan')):.6f} over {record.get('texts')} real texts, under the bound of "
+        f"{record.get('bound')}"
+    )
 
 
 def _save_tokenizer(checkpoint: Checkpoint, entry: Path) -> dict[str, Any]:

@@ -13,6 +13,11 @@ def summary(result: ExportResult) -> str:
     head = config["task"] + (f" ({config['problem_type']})" if config["problem_type"] else "")
     if labels is not None:
         head += f", {len(labels)} labels: {', '.join(labels[:8])}{' ...' if len(labels) > 8 else ''}"
+    embedding = config.get("embedding")
+    if embedding:
+        dense = f", {embedding['dense_layers']} Dense" if embedding["dense_layers"] else ""
+        normalized = ", normalized" if embedding["normalize"] else ""
+        head += f" ({embedding['pooling']} pooling{dense}{normalized}): {embedding['dimension']} dimensions"
     encoder = config["encoder"]
     lines = [
         f"exported {config['source']['checkpoint']} -> {result.entry}" + ("  [demo]" if config["demo"] else ""),
@@ -54,6 +59,12 @@ def _validation(report: dict[str, Any]) -> str:
     )
     if report.get("batch_invariance_max_abs_diff") is not None:
         text += f"; alone vs batched max |diff| {report['batch_invariance_max_abs_diff']:.1e}"
+    against = report.get("embedding_reference")
+    if against:
+        bound = f" (bound {against['bound']:g})" if against["bound"] is not None else ""
+        text += (
+            f"; cosine with {against['reference']} >= {against['min_cosine']:.6f}{bound} on {against['texts']} texts"
+        )
     return text
 
 

@@ -14,6 +14,8 @@ from export.checkpoint import Checkpoint
 from export.sample_text import CONTEXT, QUESTIONS, SENTENCES
 
 FP32_TOLERANCE = 1e-4
+PER_ROW_TASKS = ("classification", "embedding")  # one output per input; the others have one per token
+EMBEDDING_AGREEMENT = 0.999  # an embedding "agrees" with PyTorch's where their cosine is at least this
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class Validation:
     passed: bool | None = None
     reason: str | None = None
     cases: list[dict[str, Any]] = field(default_factory=list)
+    # Embeddings: each reference text's cosine against sentence-transformers' encode (export/embedding_check.py)
+    embedding_reference: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,7 +150,7 @@ def validate(
         report.agreement_of = unit
     report.batch_invariance_max_abs_diff = max(
         (
-            batch_invariance(session, names, case, checkpoint.task != "classification")
+            batch_invariance(session, names, case, checkpoint.task not in PER_ROW_TASKS)
             for case in cases
             if case.shape[0] > 1
         ),
@@ -175,7 +179,7 @@ def max_abs_diff(task: Task, reference: dict, produced: dict, mask: np.ndarray) 
     worst = 0.0
     for name, expected in reference.items():
         got = produced[name]
-        if task != "classification":  # per-token outputs: padded positions carry no answer
+        if task not in PER_ROW_TASKS:  # per-token outputs: padded positions carry no answer
             expected, got = expected[mask], got[mask]
         worst = max(worst, float(np.max(np.abs(expected.astype(np.float64) - got.astype(np.float64)))))
     return worst
@@ -184,7 +188,15 @@ def max_abs_diff(task: Task, reference: dict, produced: dict, mask: np.ndarray) 
 def agreement(
     task: Task, problem_type: str | None, reference: dict, produced: dict, mask: np.ndarray
 ) -> tuple[int, int, str]:
-    """How often the variant gives the same answer: labels per row, tags per token, or (start, end) per row."""
+    """How often the variant gives the same answer: labels per row, tags per token, (start, end) per row, or a
+    vector within cosine EMBEDDING_AGREEMENT."""
+    if task == "embedding":
+        expected, got = reference["sentence_embedding"].astype(np.float64), produced["sentence_embedding"]
+        got = got.astype(np.float64)
+        cosine = np.sum(expected * got, -1) / np.maximum(
+            np.linalg.norm(expected, axis=-1) * np.linalg.norm(got, axis=-1), 1e-30
+        )
+        return int((cosine >= EMBEDDING_AGREEMENT).sum()), len(cosine), f"vectors (cosine >= {EMBEDDING_AGREEMENT:g})"
     if task == "classification":
         expected, got = reference["logits"], produced["logits"]
         if problem_type == "multi_label_classification" or expected.shape[-1] == 1:  # one label: its sign

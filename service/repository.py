@@ -26,6 +26,9 @@ from service.settings import Settings
 # What the export accepts as an entry's name (export.repository.check_name): names travel in URLs and on the wire.
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 CHUNK = 1 << 20
+# The tasks this version serves. The export also writes `embedding` entries (model.json's contract accepts them),
+# which this server does not serve yet: such an entry fails to load with that reason, like any unloadable entry.
+SERVED_TASKS = ("classification", "ner", "qa")
 
 
 def name_problem(name: str) -> str | None:
@@ -143,8 +146,12 @@ def entry_version(entry: Path) -> str:
 
 
 def read_config(entry: Path) -> ModelConfig:
-    """An entry's model.json, checked for what the server relies on (ValueError/OSError otherwise)."""
-    return ModelConfig.read(entry)
+    """An entry's model.json, checked for what the server relies on (ValueError/OSError otherwise), of a task this
+    version serves."""
+    config = ModelConfig.read(entry)
+    if config.task not in SERVED_TASKS:
+        raise ValueError(f"task {config.task} is exported but not served by this version")
+    return config
 
 
 def load_entries(

@@ -89,7 +89,7 @@ CASES = [
         "unsupported model_type 'gpt2' (GPT2LMHeadModel); supported: BERT, RoBERTa, ALBERT, DistilBERT, "
         "XLM-RoBERTa, CamemBERT, ELECTRA, ERNIE, MobileBERT, DeBERTa-v2/v3, ModernBERT, XLNet with a sequence",
     ),
-    ("base", [], "a base model with no task head cannot be served"),
+    ("base", [], "a base model with no task head; export it as an embedding model with --task embedding"),
     ("tiny", ["--task", "ner"], "task mismatch: "),
     ("tiny", ["--task", "qa"], "(classification) but --task qa was given"),
     ("someone/unreachable-model", [], "could not be fetched from the hub"),

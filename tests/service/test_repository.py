@@ -38,3 +38,41 @@ def test_a_version_follows_the_content_and_names_the_export_time(tiny_repository
     with (tmp_path / "copy" / "tokenizer.json").open("a") as tokenizer:
         tokenizer.write(" ")
     assert entry_version(tmp_path / "copy") != first
+
+
+def test_an_embedding_entry_fails_to_load_with_one_clear_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The export writes task `embedding` entries that this server does not serve: such an entry fails to load,
+    logged with the reason, and the others are served (--load-failure skip) or the start is refused (fail)."""
+    import logging
+
+    from service.errors import StartupError
+    from service.repository import load_entries, read_config
+    from service.settings import Settings
+
+    entry = tmp_path / "embed"
+    entry.mkdir()
+    config = {
+        "format_version": 1,
+        "name": "embed",
+        "task": "embedding",
+        "architecture": "BertModel",
+        "labels": None,
+        "inputs": ["input_ids", "attention_mask"],
+        "outputs": ["sentence_embedding"],
+        "max_length": 128,
+        "tokenizer": {"file": "tokenizer.json", "pad_token_id": 0},
+        "variants": {"fp32": {"file": "model.fp32.onnx"}},
+        "embedding": {"pooling": "mean", "normalize": True, "dimension": 384},
+    }
+    (entry / "model.json").write_text(json.dumps(config))
+    reason = "task embedding is exported but not served by this version"
+    with pytest.raises(ValueError, match=reason):
+        read_config(entry)
+    failed: list[tuple[str, str]] = []
+    log = logging.getLogger("tests.repository")
+    with caplog.at_level(logging.ERROR, logger="tests.repository"):
+        load_entries(Settings(repository=tmp_path), log, read_config, lambda name, why: failed.append((name, why)))
+    assert failed == [("embed", f"ValueError: {reason}")]
+    assert [r.getMessage() for r in caplog.records] == [f"model embed failed to load: ValueError: {reason}"]
+    with pytest.raises(StartupError, match=f"model embed failed to load: ValueError: {reason}"):
+        load_entries(Settings(repository=tmp_path, load_failure="fail"), log, read_config, lambda *_: None)
