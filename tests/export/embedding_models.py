@@ -15,6 +15,21 @@ from tests.tiny_models import CLASS_PREFIX, make_config, make_tokenizer
 # export's window comes from the directory
 MAX_SEQ_LENGTH = 48
 
+# The least model.json of an embedding entry that bertcore.model_config reads
+MINIMAL_ENTRY_CONFIG: dict[str, Any] = {
+    "format_version": 1,
+    "name": "embed",
+    "task": "embedding",
+    "architecture": "BertModel",
+    "labels": None,
+    "inputs": ["input_ids", "attention_mask"],
+    "outputs": ["sentence_embedding"],
+    "max_length": 128,
+    "tokenizer": {"file": "tokenizer.json", "pad_token_id": 0},
+    "variants": {"fp32": {"file": "model.fp32.onnx"}},
+    "embedding": {"pooling": "mean", "normalize": True, "dimension": 384},
+}
+
 
 def write_base_model(directory: Path, arch: str) -> Path:
     """A base encoder (BertModel, RobertaModel, ...) with its tokenizer: random weights, seeded."""

@@ -20,7 +20,12 @@ from export.embedding_check import cosine_rows, encode_batches, reference_texts
 from export.retrieval import score
 from export.sample_text import SENTENCES
 from tests.conftest import SHARED
-from tests.export.embedding_models import MAX_SEQ_LENGTH, write_base_model, write_sentence_transformers
+from tests.export.embedding_models import (
+    MAX_SEQ_LENGTH,
+    MINIMAL_ENTRY_CONFIG,
+    write_base_model,
+    write_sentence_transformers,
+)
 
 FP32_BOUND, FP16_BOUND = 0.99999, 0.999
 
@@ -287,31 +292,19 @@ def test_what_is_not_supported_is_refused_in_one_line(
 
 
 def test_model_config_contract() -> None:
-    base = json.loads(json.dumps(MINIMAL))
+    base = json.loads(json.dumps(MINIMAL_ENTRY_CONFIG))
     assert ModelConfig.parse(base).embedding is not None
     for change, message in [
         ({"embedding": None}, "field 'embedding' is missing"),
-        ({"embedding": {**MINIMAL["embedding"], "pooling": "weightedmean"}}, "embedding.pooling 'weightedmean'"),
-        ({"embedding": {**MINIMAL["embedding"], "dimension": 0}}, "embedding.dimension 0"),
+        (
+            {"embedding": {**MINIMAL_ENTRY_CONFIG["embedding"], "pooling": "weightedmean"}},
+            "embedding.pooling 'weightedmean'",
+        ),
+        ({"embedding": {**MINIMAL_ENTRY_CONFIG["embedding"], "dimension": 0}}, "embedding.dimension 0"),
         ({"task": "classification", "labels": ["a", "b"]}, "has an 'embedding' section but task 'classification'"),
     ]:
         with pytest.raises(ValueError, match=message.replace("(", r"\(")):
             ModelConfig.parse({**base, **change})
-
-
-MINIMAL: dict[str, Any] = {
-    "format_version": 1,
-    "name": "embed",
-    "task": "embedding",
-    "architecture": "BertModel",
-    "labels": None,
-    "inputs": ["input_ids", "attention_mask"],
-    "outputs": ["sentence_embedding"],
-    "max_length": 128,
-    "tokenizer": {"file": "tokenizer.json", "pad_token_id": 0},
-    "variants": {"fp32": {"file": "model.fp32.onnx"}},
-    "embedding": {"pooling": "mean", "normalize": True, "dimension": 384},
-}
 
 
 def test_padding_does_not_move_a_vector(checkpoints, bert_st_entry) -> None:

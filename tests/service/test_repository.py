@@ -48,22 +48,10 @@ def test_an_embedding_entry_fails_to_load_with_one_clear_line(tmp_path: Path, ca
     from service.errors import StartupError
     from service.repository import load_entries, read_config
     from service.settings import Settings
+    from tests.export.embedding_models import MINIMAL_ENTRY_CONFIG as config
 
     entry = tmp_path / "embed"
     entry.mkdir()
-    config = {
-        "format_version": 1,
-        "name": "embed",
-        "task": "embedding",
-        "architecture": "BertModel",
-        "labels": None,
-        "inputs": ["input_ids", "attention_mask"],
-        "outputs": ["sentence_embedding"],
-        "max_length": 128,
-        "tokenizer": {"file": "tokenizer.json", "pad_token_id": 0},
-        "variants": {"fp32": {"file": "model.fp32.onnx"}},
-        "embedding": {"pooling": "mean", "normalize": True, "dimension": 384},
-    }
     (entry / "model.json").write_text(json.dumps(config))
     reason = "task embedding is exported but not served by this version"
     with pytest.raises(ValueError, match=reason):
