@@ -29,12 +29,19 @@ FACTOR = 3.0
 needs_shared = pytest.mark.skipif(not shared_available(), reason="../shared (real checkpoints and data) is absent")
 
 
-def open_loop_at(server, shape_name: str, factor: float, seconds: float = 8) -> tuple[float, OpenLoopResult]:
+def open_loop_at(
+    server, shape_name: str, factor: float, seconds: float = 8, answers_after_s: tuple[int, float] = (0, 0.0)
+) -> tuple[float, OpenLoopResult]:
     """The shape's capacity (a closed loop of 4 clients, its 200s a second), then an open loop at `factor` x it;
-    returns the capacity and the open loop's result."""
+    returns the capacity and the open loop's result. `answers_after_s` (N, S): the loop runs long enough for about
+    N answers after its first S seconds at that capacity (a slow or loaded machine answers fewer a second, and a
+    statistic of the steady state needs a count, not a time)."""
     shape = SHAPES[shape_name]
     bodies, path = shape.bodies(64), shape.path()
     rate = run_load(server.url, path, bodies, [1] * len(bodies), clients=4, seconds=5).sequences_per_s
+    wanted, after_s = answers_after_s
+    if wanted and rate > 0:
+        seconds = max(seconds, after_s + wanted / rate)
     host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
     requests = [post_request(host, path, json.dumps(body).encode()) for body in bodies]
     return rate, asyncio.run(open_loop(host, port, requests, rate * factor, seconds=seconds, timeout=30))
@@ -86,7 +93,9 @@ def test_long_ner_in_process_mode_is_answered_within_the_bound_plus_its_own_time
             response.raise_for_status()
             alone.append(float(response.headers["x-total-time-ms"]) / 1000)
     alone_s = sorted(alone[1:])[len(alone[1:]) // 2]
-    rate, result = open_loop_at(server, shape.name, FACTOR)
+    # ~2 answers in 3 of capacity are admitted at 3x: enough time for ~16 steady answers whatever the machine's speed
+    # (a loaded 2-core machine answered 16 in all, 9 of them steady, in a fixed 8 s)
+    rate, result = open_loop_at(server, shape.name, FACTOR, answers_after_s=(24, 2))
 
     statuses = result.statuses()
     assert set(statuses) <= {200, 429}, statuses
