@@ -8,7 +8,6 @@ test process is offline (tests/conftest.py). Only that subprocess has HF_HUB_OFF
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import socket
 import subprocess
@@ -25,6 +24,7 @@ from export.demo_hub import HUB_CHECKPOINTS, HUB_TIMEOUT_S, hub_checkpoints, wan
 from export.errors import ExportError
 from export.repository import read_config
 from tests.export.hub_standin import StandInHub
+from tests.harness.environment import online_env
 from tests.harness.serving import free_port, start_service
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,8 +41,7 @@ SENTENCES = ["I loved every minute of it.", "What a dull, clumsy waste of two ho
 
 def export_env(endpoint: str, home: Path) -> dict[str, str]:
     """This process's environment with the hub at `endpoint`, online, its cache in `home`."""
-    dropped = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN")
-    env = {key: value for key, value in os.environ.items() if key not in dropped}
+    env = online_env("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN")
     # no telemetry: huggingface_hub would otherwise ask the hub for its agent registry, best effort
     quiet = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
     return {**env, "HF_ENDPOINT": endpoint, "HF_HOME": str(home), **quiet}
