@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.realdata import encoded_batches, texts_for
-from export.cli import quiet_libraries
+from export.quiet import quiet_libraries
 from export.repository import read_config
 
 CUDA = "CUDAExecutionProvider"

@@ -21,8 +21,8 @@ from transformers import AutoTokenizer
 
 from benchmarks.realdata import SHARED, encoded_batches, shared_available, texts_for
 from benchmarks.reports import write_report
-from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
+from export.quiet import quiet_libraries
 
 MODELS = ("minilm-bert-sst2", "minilm-distilbert-sst2", "minilm-bert-conll03", "minilm-bert-squad")
 

@@ -19,9 +19,9 @@ import httpx
 
 from benchmarks.realdata import SHARED, conll03, shared_available, squad, sst2
 from benchmarks.reports import write_report
-from export.cli import quiet_libraries
 from export.evaluation import answer_f1, entity_spans, iob_tags, normalize_answer
 from export.pipeline import export_checkpoint
+from export.quiet import quiet_libraries
 from tests.harness.serving import start_service
 
 MODELS = {"sst2": "minilm-bert-sst2", "conll03": "minilm-bert-conll03", "squad": "minilm-bert-squad"}

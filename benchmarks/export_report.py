@@ -19,8 +19,8 @@ from transformers import AutoTokenizer
 
 from benchmarks.realdata import CELLS, checkpoint_for, encoded_batches, shared_available, sst2, texts_for
 from benchmarks.reports import write_report
-from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
+from export.quiet import quiet_libraries
 from export.validation import agreement
 
 

@@ -24,8 +24,8 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from benchmarks.reports import write_report
-from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
+from export.quiet import quiet_libraries
 from tests.tiny_models import FAMILIES, write_tiny_checkpoint
 
 MINILM = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536}

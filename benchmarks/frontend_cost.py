@@ -204,8 +204,8 @@ def export_shared(workdir: Path, tasks: list[str]) -> Path:
     """../shared's checkpoints for `tasks` as fp32 entries in workdir/models, exported once and then reused."""
     if not shared_available():
         raise SystemExit("../shared is absent: pass --repository (entries exported already)")
-    from export.cli import quiet_libraries
     from export.pipeline import export_checkpoint
+    from export.quiet import quiet_libraries
 
     quiet_libraries()
     repository = workdir / "models"

@@ -218,7 +218,7 @@ def build_models(args: argparse.Namespace) -> tuple[dict, dict]:
     variants = ["fp32", "fp16"] if args.device == "cuda" else ["fp32"]
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if not missing:
-        from export.cli import quiet_libraries
+        from export.quiet import quiet_libraries
 
         quiet_libraries()
     models, errors = {}, {}

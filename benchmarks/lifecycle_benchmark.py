@@ -32,8 +32,8 @@ import httpx
 from benchmarks.loadclient import LoadResult, run_load
 from benchmarks.memory_benchmark import rss_mb
 from benchmarks.realdata import SHARED, shared_available, sst2
-from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
+from export.quiet import quiet_libraries
 from tests.harness.serving import start_service
 from tests.service.lifecycle import publish
 

@@ -38,8 +38,8 @@ import psutil
 from benchmarks.loadclient import run_load
 from benchmarks.realdata import ROOT, SHARED, shared_available, squad, sst2
 from benchmarks.reports import write_report
-from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
+from export.quiet import quiet_libraries
 from tests.harness.serving import ServiceProcess, free_port
 
 MODELS = {"classification": "minilm-bert-sst2", "ner": "minilm-bert-conll03", "qa": "minilm-bert-squad"}

@@ -25,8 +25,8 @@ from typing import Any
 from benchmarks.loadclient import LoadResult, run_load
 from benchmarks.realdata import SHARED, shared_available, sst2
 from benchmarks.reports import write_report
-from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
+from export.quiet import quiet_libraries
 from tests.harness.serving import free_port, start_service
 
 MODEL = "minilm-bert-sst2"

@@ -25,8 +25,8 @@ from pathlib import Path
 from benchmarks.loadclient import classify_cases, run_load
 from benchmarks.realdata import SHARED, shared_available, squad, sst2
 from benchmarks.reports import write_report
-from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
+from export.quiet import quiet_libraries
 from tests.harness.serving import start_service
 
 CLASSIFIER = "minilm-bert-sst2"

@@ -26,8 +26,8 @@ from benchmarks.loadclient import classify_cases, run_load
 from benchmarks.realdata import SHARED, shared_available, sst2
 from benchmarks.reports import write_report
 from benchmarks.scrape import delta, scrape
-from export.cli import quiet_libraries
 from export.pipeline import export_checkpoint
+from export.quiet import quiet_libraries
 from tests.harness.serving import start, start_service
 
 MODEL = "minilm-bert-sst2"

@@ -31,9 +31,9 @@ from transformers import AutoTokenizer
 from benchmarks.loadclient import run_load
 from benchmarks.realdata import ALL_CELLS, SHARED, Cell, checkpoint_for, encoded_batches, shared_available, texts_for
 from benchmarks.reports import write_report
-from export.cli import quiet_libraries
 from export.evaluation import DEFAULT_MAX_LOSS
 from export.pipeline import export_checkpoint
+from export.quiet import quiet_libraries
 from export.repository import read_config
 from tests.harness.serving import start_service
 

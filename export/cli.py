@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import warnings
 from pathlib import Path
 
 from bertcore.messages import one_line
 from export.errors import ExportError
+from export.quiet import quiet_libraries
 
 DESCRIPTION = """Export a fine-tuned BERT-family checkpoint (BERT, RoBERTa, ALBERT, DistilBERT, XLM-RoBERTa, CamemBERT,
 ELECTRA, ERNIE, MobileBERT, DeBERTa-v2/v3, ModernBERT or XLNet; sequence classification, token classification or
@@ -156,19 +155,3 @@ def main(argv: list[str] | None = None) -> int:
     if notice:  # last, so that it is the line a user sees before the server's
         print(f"note: {notice}", file=sys.stderr, flush=True)
     return 0
-
-
-def quiet_libraries() -> None:
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore")
-    try:
-        import onnxruntime
-
-        onnxruntime.set_default_logger_severity(3)
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from export.checkpoint import load_checkpoint
-    from export.cli import quiet_libraries
+    from export.quiet import quiet_libraries
     from export.validation import create_session
 
     parser = argparse.ArgumentParser(prog="python -m export.embedding_check", description=main.__doc__)
