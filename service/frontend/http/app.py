@@ -8,7 +8,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -20,6 +20,7 @@ from service.frontend.http import hf_tasks, open_inference, rerank
 from service.frontend.http.auth import ApiKeys, AuthMiddleware, open_paths
 from service.frontend.http.docs import document_bearer_auth, install_docs
 from service.frontend.http.errors import install_error_handlers
+from service.frontend.http.gateway import InferenceEndpoints, InferenceGateway
 from service.frontend.http.middleware import (
     AdmissionMiddleware,
     BodyLimitMiddleware,
@@ -52,12 +53,22 @@ ALL_INFERENCE_ROUTES = (*INFERENCE_ROUTES, *hf_tasks.ROUTES, *rerank.ROUTES)
 
 
 class BertServeApp(FastAPI):
-    """FastAPI with layers outside all of Starlette's, its 500 handler included: every response, whatever answered
-    it, carries the request's id, and every request gets its access line (`service.logs`); HEAD is answered as GET
-    without the body."""
+    """FastAPI with layers outside all of Starlette's, its 500 handler included: inference POSTs go through the one
+    request pipeline (`gateway.InferenceGateway`), the rest through the middleware stack, where every response,
+    whatever answered it, carries the request's id, and every request gets its access line (`service.logs`); HEAD is
+    answered as GET without the body."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return RequestContextMiddleware(HeadAsGetMiddleware(super().build_middleware_stack()))
+        slow_lane = RequestContextMiddleware(HeadAsGetMiddleware(super().build_middleware_stack()))
+        server: ServerState = self.state.server
+        endpoints = InferenceEndpoints(
+            native={route.action: route.serve for route in INFERENCE_ROUTES},
+            hf_task=hf_tasks.serve,
+            v2_infer=open_inference.infer,
+            rerank={"/v1/rerank": rerank.serve_v1, "/v2/rerank": rerank.serve_v2},
+        )
+        cors = bool(server.settings.cors_allow_origins)
+        return cast(ASGIApp, InferenceGateway(slow_lane, server, endpoints, self.state.api_keys, cors))
 
     def openapi(self) -> dict[str, Any]:
         """FastAPI's schema of the mounted routes and of the inference routes, which are plain Starlette routes
@@ -133,6 +144,7 @@ def create_app(
         openapi_url="/openapi.json" if settings.docs == "on" else None,
     )
     app.state.server = server
+    app.state.api_keys = keys
     install_error_handlers(app)
     app.router.routes.extend(route.route() for route in ALL_INFERENCE_ROUTES)
     app.router.routes.append(open_inference.infer_route())

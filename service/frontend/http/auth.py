@@ -159,6 +159,17 @@ def bearer_token(scope: Scope) -> bytes | None:
     return None
 
 
+def unauthorized(token: bytes | None) -> Unauthorized:
+    """The 401 for a request without a key (`token` None) or with one that is not valid."""
+    if token is None:
+        challenge = 'Bearer realm="bertserve"'
+        message = "this server needs an API key: send the header Authorization: Bearer KEY"
+    else:
+        challenge = 'Bearer realm="bertserve", error="invalid_token"'
+        message = "the API key is not valid"
+    return Unauthorized(message, headers={"WWW-Authenticate": challenge})
+
+
 class AuthMiddleware:
     """401 with the error body (and `WWW-Authenticate: Bearer`) for any request without a valid key, except on
     the open paths."""
@@ -177,13 +188,7 @@ class AuthMiddleware:
         if token is not None and self.keys.verify(token):
             await self.app(scope, receive, send)
             return
-        if token is None:
-            challenge = 'Bearer realm="bertserve"'
-            message = "this server needs an API key: send the header Authorization: Bearer KEY"
-        else:
-            challenge = 'Bearer realm="bertserve", error="invalid_token"'
-            message = "the API key is not valid"
-        await send_error(send, Unauthorized(message, headers={"WWW-Authenticate": challenge}))
+        await send_error(send, unauthorized(token))
 
     def _open(self, path: str) -> bool:
         return path in self.open_paths or path.startswith(self.open_prefixes)

@@ -38,7 +38,12 @@ def error_body(exc: ServiceError) -> bytes:
     return bytes(error_response(exc.status_code, exc.error_type, exc.message, exc.field).body)
 
 
-async def send_error(send: Callable[[dict[str, Any]], Awaitable[None]], exc: ServiceError, close: bool = True) -> None:
+async def send_error(
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+    exc: ServiceError,
+    close: bool = True,
+    extra_headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     """Answer a domain error from pure ASGI middleware (outside FastAPI's handlers); `close`: and close the
     connection (the request's body, if any, is left unread)."""
     body = error_body(exc)
@@ -46,23 +51,25 @@ async def send_error(send: Callable[[dict[str, Any]], Awaitable[None]], exc: Ser
     headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in exc.headers.items()]
     if close:
         headers.append((b"connection", b"close"))
+    if extra_headers:
+        headers += extra_headers
     await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ServiceError, _service_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)
+    app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected_error)
 
 
-async def _service_error(_: Request, exc: Exception) -> JSONResponse:
+async def service_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
     return error_response(exc.status_code, exc.error_type, exc.message, exc.field, exc.headers)
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     """Built from exc.errors(), never str(exc); malformed JSON (or invalid UTF-8) is a 400, not a 422."""
     assert isinstance(exc, RequestValidationError)
     errors: list[dict[str, Any]] = list(exc.errors())
@@ -124,7 +131,7 @@ def _is_type_tag(part: Any) -> bool:
     return isinstance(part, str) and part not in schemas.REQUEST_FIELDS and not part.startswith("list[")
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
     error_type = STARLETTE_TYPES.get(status, "bad_request" if status < 500 else "internal")
@@ -136,6 +143,6 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(status, error_type, message, headers=getattr(exc, "headers", None))
 
 
-async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal", "internal server error")

@@ -16,7 +16,8 @@ connection for ever; nor any limit on the request line or the headers. Per conne
   httptools cannot parse a 400; each with the one error body (`service.frontend.http.errors`), `x-request-id`, a warning
   and an access line, and the connection closed.
 
-And one write per response where uvicorn makes two (`CoalescingTransport`).
+And one write per response where uvicorn makes two (`CoalescingTransport`); and the app told at once when a client
+leaves (`SCOPE_ON_DISCONNECT`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from service.logs import REQUEST_ID_HEADER, SCOPE_REQUEST_ID, SCOPE_STATUS, acce
 
 log = logging.getLogger("service.http")
 REQUEST_LINE_SLACK = 64  # "METHOD ", " HTTP/1.1\r\n" and the CRLFs that may come before a request
+# Where a request's scope holds what to call if its client leaves before its answer is complete: a callback for the
+# app to add, in place of a task per request that waits for the ASGI `http.disconnect` message.
+SCOPE_ON_DISCONNECT = "bertserve.on_disconnect"
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,11 @@ class HttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # the client left before its answer was complete
+            for callback in cycle.scope.get(SCOPE_ON_DISCONNECT, ()):  # type: ignore[attr-defined]
+                callback()
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
@@ -169,6 +177,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._disarm()
         super().on_headers_complete()
+        self.scope[SCOPE_ON_DISCONNECT] = []  # type: ignore[literal-required]
         queued = bool(self.pipeline)  # behind a request still being answered: its body is not read yet
         if not queued and any(name in (b"content-length", b"transfer-encoding") for name, _ in self.headers):
             self._arm(self.limits.body_timeout_s, self._body_timeout)

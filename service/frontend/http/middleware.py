@@ -111,16 +111,26 @@ class JsonOnlyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST" and is_inference(scope.get("path", "")):
-            headers = dict(scope.get("headers") or [])
-            declared = headers.get(b"content-type")
-            media = declared.split(b";")[0].strip().lower() if declared is not None else b"application/json"
-            json_and_binary = b"inference-header-content-length" in headers
-            if media != b"application/json" and not media.endswith(b"+json") and not json_and_binary:
-                shown = media.decode("latin-1")[:100]
-                message = f"the body must be JSON (Content-Type: application/json), not {shown or 'empty'}"
-                await send_error(send, UnsupportedMediaType(message))
+            refusal = json_only_refusal(scope)
+            if refusal is not None:
+                await send_error(send, UnsupportedMediaType(refusal))
                 return
         await self.app(scope, receive, send)
+
+
+def json_only_refusal(scope: Scope) -> str | None:
+    """Why an inference request's body is refused as not JSON (415), or None where it is JSON (or says nothing)."""
+    declared = None
+    for name, value in scope.get("headers") or ():
+        if name == b"content-type":
+            declared = value
+        elif name == b"inference-header-content-length":
+            return None  # Triton's binary tensor data: JSON, then bytes
+    media = declared.split(b";")[0].strip().lower() if declared is not None else b"application/json"
+    if media == b"application/json" or media.endswith(b"+json"):
+        return None
+    shown = media.decode("latin-1")[:100]
+    return f"the body must be JSON (Content-Type: application/json), not {shown or 'empty'}"
 
 
 class AdmissionMiddleware:

@@ -27,6 +27,7 @@ from service.errors import BadRequest, InvalidInput, NotReady
 from service.frontend.http import schemas
 from service.frontend.http.admission import SCOPE_ADMISSION
 from service.frontend.http.errors import EMPTY_BODY, INVALID_JSON
+from service.frontend.http.httptools_protocol import SCOPE_ON_DISCONNECT
 from service.frontend.http.state import ServerState
 from service.frontend.pipeline import RequestPipeline, Timings
 from service.logs import REQUEST_ID
@@ -262,11 +263,19 @@ async def admitted(request: Request) -> AsyncIterator[Ticket]:
     ticket.started = time.perf_counter()
     if (admission := request.scope.get(SCOPE_ADMISSION)) is not None:
         ticket.on_charge.append(admission.charge)
-    watcher = asyncio.create_task(_watch_disconnect(request, ticket))
+    on_disconnect: list | None = request.scope.get(SCOPE_ON_DISCONNECT)  # this server's HTTP protocol calls them
+    watcher = None
+    if on_disconnect is not None:
+        on_disconnect.append(ticket.cancel)
+    else:  # another ASGI server
+        watcher = asyncio.create_task(_watch_disconnect(request, ticket))
     try:
         yield ticket
     finally:
-        watcher.cancel()
+        if watcher is not None:
+            watcher.cancel()
+        else:
+            on_disconnect.remove(ticket.cancel)  # type: ignore[union-attr]
         ticket.done()
 
 

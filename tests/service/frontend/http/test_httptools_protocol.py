@@ -1,11 +1,20 @@
 """CoalescingTransport: what uvicorn writes for one response in one turn of the event loop goes out as one write,
-in order, and nothing held is lost by closing."""
+in order, and nothing held is lost by closing. The protocol tells the app when a client leaves before its answer."""
 
 from __future__ import annotations
 
 import asyncio
 
-from service.frontend.http.httptools_protocol import CoalescingTransport
+import uvicorn
+import uvicorn.server
+
+from service.frontend.http.httptools_protocol import (
+    SCOPE_ON_DISCONNECT,
+    CoalescingTransport,
+    HttpLimits,
+    HttpProtocol,
+    protocol_class,
+)
 
 
 class RecordingTransport(asyncio.Transport):
@@ -87,3 +96,66 @@ def test_end_of_file_follows_what_is_held() -> None:
         return raw
 
     asyncio.run(scenario())
+
+
+def _protocol(app: object, loop: asyncio.AbstractEventLoop) -> tuple[HttpProtocol, RecordingTransport]:
+    """The server's HTTP protocol on a recording transport, serving `app`."""
+    config = uvicorn.Config(app, http=protocol_class(HttpLimits()), ws="none", log_config=None, lifespan="off")
+    protocol = protocol_class(HttpLimits())(config, uvicorn.server.ServerState(), {}, _loop=loop)
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
+REQUEST = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def test_a_client_that_leaves_before_its_answer_is_told_to_the_app_at_once() -> None:
+    """The app puts a callback in the scope's SCOPE_ON_DISCONNECT (routes.admitted: the ticket's cancel, which drops
+    the request's rows not run yet); the protocol calls it when the connection is lost before the answer is
+    complete, with no task per request waiting for `http.disconnect`."""
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        told: list[str] = []
+        in_app = asyncio.Event()
+
+        async def app(scope: dict, receive: object, send: object) -> None:
+            scope[SCOPE_ON_DISCONNECT].append(lambda: told.append(scope["path"]))
+            in_app.set()
+            await asyncio.sleep(30)  # the work the client does not wait for
+
+        loop = asyncio.get_running_loop()
+        protocol, _ = _protocol(app, loop)
+        protocol.data_received(REQUEST)
+        await asyncio.wait_for(in_app.wait(), 5)
+        before = list(told)
+        protocol.connection_lost(None)
+        for task in list(protocol.server_state.tasks):
+            task.cancel()
+        return before, told
+
+    before, after = asyncio.run(scenario())
+    assert before == []
+    assert after == ["/x"]
+
+
+def test_a_client_that_leaves_after_its_answer_cancels_nothing() -> None:
+    async def scenario() -> list[str]:
+        told: list[str] = []
+
+        async def app(scope: dict, receive: object, send: object) -> None:
+            scope[SCOPE_ON_DISCONNECT].append(lambda: told.append("cancelled"))
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        protocol, transport = _protocol(app, asyncio.get_running_loop())
+        protocol.data_received(REQUEST)
+        for _ in range(100):  # bounded: the answer is a few turns of the loop away
+            if any(b"ok" in write for write in transport.writes):
+                break
+            await asyncio.sleep(0.01)
+        assert any(write.startswith(b"HTTP/1.1 200") for write in transport.writes)
+        protocol.connection_lost(None)
+        return told
+
+    assert asyncio.run(scenario()) == []

@@ -1,0 +1,262 @@
+"""The one request pipeline of every inference POST over HTTP: native, Hugging Face task API, rerank and the Open
+Inference Protocol's infer, each endpoint an adapter below it.
+
+Under 1-input load a front-end spent about a quarter of its CPU in the layers between uvicorn and the endpoint: a
+pure ASGI middleware for each concern (request id and access line, API key, body limit, metrics, JSON only,
+admission), Starlette's error middlewares, FastAPI's and Starlette's routing, each an `await` and a wrapped `send`
+per message. Here those concerns run once, in order, in one function, and the endpoint is called directly; every
+other request (probes, model information, the repository API, docs, a CORS request) goes down the full stack
+(`slow_lane`), where the same middleware classes still apply. What a client sees is the same either way: statuses,
+the one error body, headers, the access line and the metrics.
+
+The order, as the middleware stack had it: the request id; the API key (401, not counted in the request metrics);
+the body limit by Content-Length (413, not counted); then, counted and timed: JSON only (415), admission (429,
+before the body is read), the body (read here, bounded: 413), the endpoint and its errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service.errors import Overloaded, PayloadTooLarge, ServiceError, UnsupportedMediaType
+from service.frontend.http import errors as http_errors
+from service.frontend.http.admission import SCOPE_ADMISSION, AdmissionGate, estimate_tokens
+from service.frontend.http.auth import ApiKeys, bearer_token, unauthorized
+from service.frontend.http.middleware import SCOPE_MODEL, endpoint_label, json_only_refusal
+from service.frontend.http.state import ServerState
+from service.logs import (
+    REQUEST_ID,
+    REQUEST_ID_HEADER,
+    SCOPE_REQUEST_ID,
+    SCOPE_STATUS,
+    access_log,
+    log_access,
+    request_id_from,
+)
+
+Scope = dict[str, Any]
+Endpoint = Callable[[Request], Awaitable[Response]]
+ASGIApp = Callable[..., Awaitable[None]]
+log = logging.getLogger("service.http")
+
+
+class InferenceEndpoints:
+    """Which endpoint serves a POST to a path, and the path's model name (None for rerank's, which is the body's).
+    The paths are `middleware.is_inference`'s."""
+
+    def __init__(
+        self,
+        native: dict[str, Endpoint],
+        hf_task: Endpoint,
+        v2_infer: Endpoint,
+        rerank: dict[str, Endpoint],
+    ) -> None:
+        self.native = native  # the last part of /v1/models/{name}/{action} -> its endpoint
+        self.hf_task = hf_task  # /v1/models/{name}
+        self.v2_infer = v2_infer  # /v2/models/{name}/infer
+        self.rerank = rerank  # /v1/rerank, /v2/rerank
+
+    def find(self, path: str) -> tuple[Endpoint, str | None] | None:
+        endpoint = self.rerank.get(path)
+        if endpoint is not None:
+            return endpoint, None
+        parts = path.split("/")  # ['', 'v1', 'models', name, action?]
+        if len(parts) < 4 or parts[2] != "models" or not parts[3]:
+            return None
+        if parts[1] == "v1":
+            if len(parts) == 4:
+                return self.hf_task, parts[3]
+            if len(parts) == 5 and (endpoint := self.native.get(parts[4])) is not None:
+                return endpoint, parts[3]
+        elif parts[1] == "v2" and len(parts) == 5 and parts[4] == "infer":
+            return self.v2_infer, parts[3]
+        return None
+
+
+class InferenceGateway:
+    """Below Starlette's own entry (which puts the app in the scope, where endpoints find the server's state): inference
+    POSTs through `_serve`, everything else to `slow_lane` (the middleware stack and FastAPI's routing)."""
+
+    def __init__(
+        self,
+        slow_lane: ASGIApp,
+        server: ServerState,
+        endpoints: InferenceEndpoints,
+        keys: ApiKeys,
+        cors: bool,
+    ) -> None:
+        self.slow_lane = slow_lane
+        self.server = server
+        self.endpoints = endpoints
+        self.keys = keys if keys.enabled else None
+        self.cors = cors
+        self.max_bytes = server.settings.max_body_bytes
+        self.gate: AdmissionGate = server.admission
+        self.metrics = server.metrics
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        found = self.endpoints.find(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if found is None:
+            await self.slow_lane(scope, receive, send)
+            return
+        if self.cors and any(name == b"origin" for name, _ in scope["headers"]):
+            await self.slow_lane(scope, receive, send)  # CORS headers on the answer: Starlette's middleware
+            return
+        await self._serve(scope, receive, send, *found)
+
+    async def _serve(
+        self, scope: Scope, receive: Callable, send: Callable, endpoint: Endpoint, name: str | None
+    ) -> None:
+        started = time.perf_counter()
+        declared: bytes | None = None
+        given_id: bytes | None = None
+        for header, value in scope["headers"]:
+            if header == b"content-length":
+                declared = value
+            elif header == REQUEST_ID_HEADER and given_id is None:
+                given_id = value
+        request_id = scope.get(SCOPE_REQUEST_ID) or request_id_from(given_id)
+        REQUEST_ID.set(request_id)  # not reset: uvicorn's own lines about the request come after this returns
+        scope[SCOPE_REQUEST_ID] = request_id
+        id_header = (REQUEST_ID_HEADER, request_id.encode("ascii"))
+        status = 500
+        try:
+            status = await self._checked(scope, receive, send, endpoint, name, declared, id_header)
+        finally:
+            if access_log.isEnabledFor(logging.INFO):
+                log_access(
+                    request_id,
+                    "POST",
+                    scope["path"],
+                    scope.get(SCOPE_STATUS, status),
+                    time.perf_counter() - started,
+                    scope.get("client"),
+                )
+
+    async def _checked(
+        self,
+        scope: Scope,
+        receive: Callable,
+        send: Callable,
+        endpoint: Endpoint,
+        name: str | None,
+        declared: bytes | None,
+        id_header: tuple[bytes, bytes],
+    ) -> int:
+        """The API key and the body's declared size, then the counted part; the response's status."""
+        if self.keys is not None:
+            token = bearer_token(scope)
+            if token is None or not self.keys.verify(token):
+                return await _send_error(send, unauthorized(token), id_header)
+        body: bytes | None = None
+        length: int | None = None
+        if declared is None:  # chunked (or no body): read it first, bounded, so that too much is a 413
+            body = await self._read_body(receive)
+            if body is None:
+                return 500  # the client left before its body was in
+            if len(body) > self.max_bytes:
+                return await _send_error(send, self._too_large(), id_header)
+        elif declared.isdigit():
+            length = int(declared)
+            if length > self.max_bytes:
+                return await _send_error(send, self._too_large(), id_header)
+        started = time.perf_counter()
+        status = 500
+        try:
+            status = await self._counted(scope, receive, send, endpoint, name, length, body, id_header)
+            return status
+        finally:
+            path_model = scope.get(SCOPE_MODEL) if name is None else name
+            model = path_model if path_model in self.server.registry.models else "unknown"  # bounded label values
+            label = endpoint_label(scope)
+            self.metrics.requests.labels(model, label, str(status)).inc()
+            self.metrics.request_duration.labels(model, label).observe(time.perf_counter() - started)
+
+    async def _counted(
+        self,
+        scope: Scope,
+        receive: Callable,
+        send: Callable,
+        endpoint: Endpoint,
+        name: str | None,
+        length: int | None,
+        body: bytes | None,
+        id_header: tuple[bytes, bytes],
+    ) -> int:
+        refusal = json_only_refusal(scope)
+        if refusal is not None:
+            return await _send_error(send, UnsupportedMediaType(refusal), id_header)
+        gate = self.gate
+        admission = gate.try_enter(estimate_tokens(length, gate.mean_request_tokens))
+        if admission is None:
+            return await _send_error(send, Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s()), id_header)
+        scope[SCOPE_ADMISSION] = admission
+        status = 500
+        try:
+            if body is None:
+                body = await self._read_body(receive)
+                if body is None:
+                    return status  # the client left before its body was in: nobody to answer
+                if len(body) > self.max_bytes:
+                    status = await _send_error(send, self._too_large(), id_header)
+                    return status
+            if name is not None:
+                scope["path_params"] = {"name": name}
+            request = Request(scope, receive)
+            request._body = body  # read here, bounded; the endpoint's `await request.body()` takes it
+            try:
+                response = await endpoint(request)
+            except Exception as exc:
+                response = await _error_response(request, exc)
+            response.raw_headers.append(id_header)
+            status = response.status_code
+            await response(scope, receive, send)
+            return status
+        finally:
+            admission.leave(completed=200 <= status < 300)
+
+    async def _read_body(self, receive: Callable) -> bytes | None:
+        """The whole body, reading no more than one message past the limit; None where the client left first."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunk = message.get("body", b"")
+            if chunk:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > self.max_bytes:
+                    break
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes")
+
+
+async def _error_response(request: Request, exc: Exception) -> Response:
+    """The response FastAPI's handlers (service.frontend.http.errors) give the error."""
+    if isinstance(exc, ServiceError):
+        return await http_errors.service_error(request, exc)
+    if isinstance(exc, RequestValidationError):
+        return await http_errors.validation_error(request, exc)
+    if isinstance(exc, StarletteHTTPException):
+        return await http_errors.http_error(request, exc)
+    return await http_errors.unexpected_error(request, exc)
+
+
+async def _send_error(send: Callable, exc: ServiceError, id_header: tuple[bytes, bytes]) -> int:
+    """The error answered and the connection closed (the request's body, if any, is left unread)."""
+    await http_errors.send_error(send, exc, extra_headers=[id_header])
+    return exc.status_code
