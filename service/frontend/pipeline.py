@@ -21,8 +21,9 @@ from service.system.memory import IdleRelease, malloc_trim
 from service.wire.ticket import Ticket
 
 T = TypeVar("T")
-# Classification text up to this many characters is tokenized on the event loop (~0.1 ms per 1,000 characters):
-# handing it to a thread and back costs more, and under load the thread waits for the GIL anyway.
+# A request's text up to this many characters in all is tokenized and post-processed on the event loop (~0.1 ms per
+# 1,000 characters for classification, ~0.5 ms for a SQuAD question's windows): handing it to a thread and back
+# costs more, and under load the thread waits for the GIL anyway. Longer requests go to the pool.
 INLINE_CHARS = 2_000
 ENDPOINT_OF_TASK = {"classification": "classify", "ner": "ner", "qa": "qa"}
 
@@ -176,8 +177,11 @@ class RequestPipeline:
         else:
             self._check_task_options(lambda: ner.check_stride(model.loaded_tokenizer, model.max_length, stride))
         ignored = tuple(ignore_labels)
+        small = sum(len(text) for text in texts) <= INLINE_CHARS
         features = await self._off_loop(
-            timings, lambda: [ner.prepare(model.loaded_tokenizer, item, model.max_length, stride) for item in sources]
+            timings,
+            lambda: [ner.prepare(model.loaded_tokenizer, item, model.max_length, stride) for item in sources],
+            inline=small,
         )
         outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
         per_input = _split(outputs, [len(f.rows) for f in features])
@@ -188,7 +192,7 @@ class RequestPipeline:
                 for text, f, outs in zip(texts, features, per_input, strict=True)
             ]
 
-        return await self._checked(post), timings
+        return await self._checked(post, inline=small), timings
 
     async def qa(
         self, name: str, pairs: list[tuple[str, str]], options: dict[str, Any], ticket: Ticket
@@ -208,11 +212,13 @@ class RequestPipeline:
             ]
         )
         timings, s = Timings(), self.settings
+        small = sum(len(question) + len(context) for question, context in pairs) <= INLINE_CHARS
         features = await self._off_loop(
             timings,
             lambda: qa.prepare_all(
                 model.loaded_tokenizer, pairs, params, model.max_length, s.max_qa_windows, s.max_chars_per_input
             ),
+            inline=small,
         )
         outputs = await self._run(model, [row for f in features for row in f.rows], ticket, timings)
         per_input = _split(outputs, [len(f.rows) for f in features])
@@ -223,7 +229,7 @@ class RequestPipeline:
                 for (q, c), f, outs in zip(pairs, features, per_input, strict=True)
             ]
 
-        return await self._checked(post), timings
+        return await self._checked(post, inline=small), timings
 
     async def self_test(self, model: ServedModel) -> None:
         """One real request through the whole path before the model (a version of it) serves; a ServiceError (or
@@ -244,20 +250,17 @@ class RequestPipeline:
     async def _off_loop(self, timings: Timings, work: Callable[[], T], inline: bool = False) -> T:
         """Tokenize on the pool; small work (`inline`) right here, where a thread hop would cost more than it."""
         started = time.perf_counter()
-        if inline:
-            try:
-                result = work()
-            except ValueError as exc:
-                raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
-        else:
-            result = await self._checked(work)
+        result = await self._checked(work, inline)
         timings.tokenization_s = time.perf_counter() - started
         return result
 
-    async def _checked(self, work: Callable[[], T]) -> T:
-        """Run CPU work on the tokenizer pool; a ValueError from a task module is the client's input (422), with
-        the field it names where it names one."""
+    async def _checked(self, work: Callable[[], T], inline: bool = False) -> T:
+        """Run CPU work on the tokenizer pool, or with `inline` here (a request's few short texts: the hop to a
+        thread and back cost more than the work, ~0.1-0.2 ms of a front-end's CPU each way under load); a ValueError
+        from a task module is the client's input (422), with the field it names where it names one."""
         try:
+            if inline:
+                return work()
             return await asyncio.get_running_loop().run_in_executor(self.executor, work)
         except ValueError as exc:
             raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
