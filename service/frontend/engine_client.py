@@ -31,6 +31,15 @@ RECONNECT_S = 0.1
 REPLY_GRACE_S = 1.0  # the engine answers a deadline itself; this only covers a reply still on its way
 
 
+class _ReplyLate(Exception):
+    """No reply came within the request's deadline and the grace after it."""
+
+
+def _expire(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_exception(_ReplyLate())
+
+
 class Engine(Protocol):
     @property
     def connected(self) -> bool: ...
@@ -180,19 +189,23 @@ class RemoteEngine:
         if self._silent:
             raise EngineUnavailable(f"{self.unresponsive()}; try again shortly")
         request_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._pending[request_id] = future
         lengths = [len(row) for row in rows]
         arrays = frames.pack_rows([row.input_ids for row in rows], [row.token_type_ids for row in rows])
         timeout = ticket.deadline - time.monotonic()
         writer.write(frames.encode_infer(request_id, model, timeout, lengths, ticket.request_id, arrays))
         ticket.on_cancel.append(lambda: self._cancel(request_id))
+        # A timer on the future itself, not asyncio.wait_for (a second future and its callbacks per request)
+        timer = loop.call_later(timeout + REPLY_GRACE_S, _expire, future)
         try:
-            frame: frames.Frame = await asyncio.wait_for(future, timeout + REPLY_GRACE_S)
-        except TimeoutError:
+            frame: frames.Frame = await future
+        except _ReplyLate:
             self._cancel(request_id)
             raise DeadlineExceeded(f"the request was not answered within its deadline (model {model})") from None
         finally:
+            timer.cancel()
             self._pending.pop(request_id, None)
         if frame.header["op"] == "error":
             frames.raise_error(frame.header)

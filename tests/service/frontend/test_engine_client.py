@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from bertcore.rows import Row
-from service.errors import EngineUnavailable
-from service.frontend.engine_client import RemoteEngine
+from service.errors import DeadlineExceeded, EngineUnavailable
+from service.frontend.engine_client import REPLY_GRACE_S, RemoteEngine
 from service.probes import HEARTBEAT_S
 from service.wire import frames
 from service.wire.ticket import Ticket
@@ -122,3 +122,26 @@ async def loop_held(tmp_path: Path) -> None:
                 await asyncio.sleep(HEARTBEAT_S / 2)
                 assert engine.unresponsive() is None
         await engine.stop()
+
+
+def test_a_request_the_engine_never_answers_fails_at_its_deadline_and_is_cancelled_there(tmp_path: Path) -> None:
+    """The engine answers a deadline itself; where its reply does not come even REPLY_GRACE_S after it (lost, or an
+    engine that beats but never answers), the request gets DeadlineExceeded (504) and the engine is told to drop
+    it."""
+
+    async def scenario() -> tuple[float, list[str]]:
+        async with FakeEngineSocket(tmp_path / "engine.sock") as fake:
+            engine = RemoteEngine(fake.path, silence_s=30)
+            await connected(engine)
+            rows = [Row(np.array([101, 7, 102]), np.zeros(3, dtype=np.int64))]
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceeded, match="not answered within its deadline"):
+                await engine.infer("m", rows, Ticket.with_timeout(0.2))
+            took = time.monotonic() - started
+            assert await wait_for_async(lambda: "cancel" in fake.received, timeout=5, every_s=0.02)
+            await engine.stop()
+            return took, fake.received
+
+    took, received = asyncio.run(scenario())
+    assert 0.2 + REPLY_GRACE_S - 0.05 <= took < 0.2 + REPLY_GRACE_S + 2.0
+    assert received.count("infer") == 1 and received.index("cancel") > received.index("infer")
