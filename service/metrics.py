@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set by the launcher in process mode: one view over all processes
@@ -23,6 +25,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._series: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "bertserve_requests",
@@ -163,6 +166,16 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+
+    def series(self, metric: MetricWrapperBase, *labels: str) -> Any:
+        """`metric.labels(*labels)`, kept: prometheus_client checks and locks on every call, and a request records
+        four series. For counters and histograms, whose series are never removed (a gauge's may be: `forget`); their
+        label values are bounded (models served, "unknown", endpoints, statuses)."""
+        key = (metric, labels)
+        child = self._series.get(key)
+        if child is None:
+            child = self._series[key] = metric.labels(*labels)
+        return child
 
     def exposition(self) -> bytes:
         directory = os.environ.get(MULTIPROCESS_DIR)
