@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +127,7 @@ class ModelRegistry:
         self._settled = False  # the models of the start have loaded (or failed): later loads do not hold /readyz
         self._changed: asyncio.Event | None = None  # set (and dropped) at the engine's next word
         self.changed = asyncio.Event()  # set at the engine's every word (the follow loop waits on it)
+        self.on_change: list[Callable[[], None]] = []  # called at the engine's every word (ServerState.watch)
 
     def load(self) -> None:
         """Read the config and tokenizer of every entry to serve at start (the engine loads the same). StartupError
@@ -164,6 +166,8 @@ class ModelRegistry:
             model.engine_report = states.get(model.name, {})
             self.metrics.model_ready.labels(model.name).set(1 if model.status == ModelStatus.READY else 0)
         self.changed.set()
+        for listener in self.on_change:
+            listener()
         if self._changed is not None:
             self._changed.set()
             self._changed = None

@@ -10,8 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import httpx
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks.autoscale_simulation import CANDIDATES, HpaSpec
 from benchmarks.scrape import scrape
@@ -27,7 +29,7 @@ from tests.deploy.manifests import (
     quantity,
     serving_container,
 )
-from tests.harness.serving import ServiceProcess, start_service
+from tests.harness.serving import ServiceProcess, free_port, start_service
 from tests.prometheus_server import log_tail, needs_prometheus, query, running_prometheus, wait_for
 
 ADAPTER_RULES = KUBERNETES / "overlays" / "autoscaling" / "prometheus-adapter-rules.yaml"
@@ -96,21 +98,24 @@ def test_probes_use_paths_the_server_answers_on_its_own_port(
         port, probe_port = int(env["BERTSERVE_PORT"]), int(env.get("BERTSERVE_PROBE_PORT", "0"))
         ports = {p["containerPort"]: p.get("name") for p in server["ports"]}
         if grpc_port := int(env.get("BERTSERVE_GRPC_PORT", "0")):
-            # KServe's v2 variant: Knative routes one port, gRPC's (h2c); the probes ask HTTP's inside the pod
+            # KServe's v2 variant: Knative routes one port, gRPC's (h2c), and readiness is asked there by the
+            # kubelet's native gRPC probe (grpc.health.v1, the whole server); liveness asks HTTP's inside the pod
             assert ports == {grpc_port: "h2c"}, (name, owner)
+            assert server["readinessProbe"]["grpc"] == {"port": grpc_port}, (name, owner)
             ports = {port: None}
+        else:
+            assert server["readinessProbe"]["httpGet"]["path"] == "/readyz", (name, owner)
         assert list(ports) == [port, *([probe_port] if probe_port else [])], (name, owner)
         # the kubelet asks the probe port where there is one (a thread answers it, fast under any load)
         probed = probe_port or port
-        assert server["readinessProbe"]["httpGet"]["path"] == "/readyz", (name, owner)
         # Liveness must not follow readiness: a draining or loading pod is alive.
         assert server["livenessProbe"]["httpGet"]["path"] == "/livez", (name, owner)
         if "startupProbe" in server:
             assert server["startupProbe"]["httpGet"]["path"] == "/readyz", (name, owner)
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             if kind in server:
-                get = server[kind]["httpGet"]
-                assert get["path"] in served and get["port"] in (probed, ports[probed]), (name, owner, kind)
+                if get := server[kind].get("httpGet"):
+                    assert get["path"] in served and get["port"] in (probed, ports[probed]), (name, owner, kind)
                 assert server[kind]["timeoutSeconds"] >= 2, (name, owner, kind)
 
 
@@ -245,16 +250,34 @@ def test_api_keys_come_from_an_optional_secret(rendered) -> None:
         assert "BERTSERVE_API_KEYS" in {f"BERTSERVE_{field.upper()}" for field in Settings.model_fields}
 
 
+def grpc_probes(rendered: dict[str, list[dict]]) -> list[dict]:
+    """The kubelet's native gRPC probes of every serving container (the `grpc` of a probe)."""
+    return [
+        probe["grpc"]
+        for _, _, _, pod in every_pod(rendered)
+        for kind, probe in serving_container(pod).items()
+        if kind.endswith("Probe") and "grpc" in probe
+    ]
+
+
 def test_with_the_secret_set_the_probes_and_the_scrape_need_no_key(
-    pod_env: dict[str, str], deploy_repository: Path, tmp_path: Path
+    rendered, pod_env: dict[str, str], deploy_repository: Path, tmp_path: Path
 ) -> None:
-    """The base's settings plus a key, as the Secret gives it: the kubelet's probes and Prometheus (no key) still
+    """The base's settings plus a key, as the Secret gives it, and a gRPC port: the kubelet's probes (HTTP, and the
+    gRPC one of KServe's v2 variant, grpc.health.v1's Check as the kubelet calls it) and Prometheus (no key) still
     get their answers; the API asks for the key."""
     key = "deploy-key-0123456789abcdef"
-    server = start_service(
-        deploy_repository, log_path=tmp_path / "server.log", env={**pod_env, "BERTSERVE_API_KEYS": key}
-    )
+    probes = grpc_probes(rendered)
+    assert probes, "no manifest probes the gRPC port"
+    grpc_port = free_port()
+    env = {**pod_env, "BERTSERVE_API_KEYS": key, "BERTSERVE_GRPC_PORT": str(grpc_port)}
+    server = start_service(deploy_repository, log_path=tmp_path / "server.log", env=env)
     try:
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for probe in probes:  # the kubelet asks for the probe's `service`, "" where it names none
+                request = health_pb2.HealthCheckRequest(service=probe.get("service", ""))
+                assert health.Check(request, timeout=10).status == health_pb2.HealthCheckResponse.SERVING, probe
         with httpx.Client(base_url=server.url, timeout=10) as client:
             assert {path: client.get(path).status_code for path in ("/livez", "/readyz", "/metrics")} == {
                 "/livez": 200,

@@ -1,10 +1,12 @@
 """The Open Inference Protocol v2 over gRPC: KServe's GRPCInferenceService (ServerLive, ServerReady, ModelReady,
 ServerMetadata, ModelMetadata, ModelInfer) on --grpc-port, served by grpcio's asyncio server in the front-end's own
-event loop, beside its HTTP server (every front-end process in process mode, on one port: SO_REUSEPORT).
+event loop, beside its HTTP server (every front-end process in process mode, on one port: SO_REUSEPORT), with
+grpc.health.v1.Health beside it (`service.frontend.grpc.health`).
 
 A thin adapter over the one RequestPipeline, as the REST routes are: what the tensors mean is
 `service.frontend.open_inference`; here, the messages in and out, and what the HTTP layers do for a REST request:
-- the API key: `authorization: Bearer KEY` metadata (ServerLive and ServerReady are open, as the probes are);
+- the API key: `authorization: Bearer KEY` metadata (ServerLive and ServerReady are open, as the probes are, and
+  so is grpc.health.v1.Health: it is served outside these Calls);
 - the size limit: --max-body-bytes is the largest message (grpc answers RESOURCE_EXHAUSTED past it);
 - admission: the same gate as REST (RESOURCE_EXHAUSTED where REST answers 429, with retry-after metadata);
 - the deadline: the call's own, where it is shorter than --request-timeout-s, bounds the request's Ticket; a call
@@ -35,6 +37,7 @@ from service.errors import (
     Unauthorized,
 )
 from service.frontend import open_inference as oip
+from service.frontend.grpc import health
 from service.frontend.grpc import inference_pb2 as pb
 from service.frontend.grpc.status import code_of
 from service.frontend.http.admission import estimate_tokens
@@ -68,7 +71,7 @@ class InferenceService:
 
     async def model_ready(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:
         model = self.state.registry.lookup(_unversioned(request.name, request.version))
-        return pb.ModelReadyResponse(ready=model.status == "ready" and not self.state.draining)
+        return pb.ModelReadyResponse(ready=self.state.model_ready(model))
 
     async def server_metadata(self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
         return pb.ServerMetadataResponse(**oip.server_metadata())
@@ -253,6 +256,7 @@ class GrpcServer:
         self.keys = keys
         self.reuse_port = reuse_port
         self.server: grpc.aio.Server | None = None
+        self.health: health.HealthService | None = None
 
     async def start(self) -> None:
         s = self.settings
@@ -262,6 +266,7 @@ class GrpcServer:
         ]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((handler(self.state, self.keys),))
+        self.health = health.add_to(server, self.state)
         host = f"[{s.host}]" if ":" in s.host else s.host
         try:
             server.add_insecure_port(f"{host}:{s.grpc_port}")
@@ -272,6 +277,8 @@ class GrpcServer:
         log.info("gRPC (Open Inference Protocol v2) on %s:%d", s.host, s.grpc_port)
 
     async def stop(self, grace_s: float) -> None:
-        """Refuse new calls; finish those in flight, for up to `grace_s`."""
+        """Refuse new calls; finish those in flight, for up to `grace_s` (health's Watch streams end at once)."""
+        if self.health is not None:
+            self.health.close()
         if self.server is not None:
             await self.server.stop(grace_s)

@@ -47,9 +47,35 @@ class ServerState:
             cold_requests=settings.admission_cold_requests,
             on_scale=self.metrics.admission_share.set,
         )
-        self.draining = False
+        self._draining = False
+        self._watchers: list[Callable[[], None]] = []
         self._last_verdict: Verdict | None = None
         self.on_readiness_change: Callable[[Verdict], None] = lambda verdict: None
+
+    @property
+    def draining(self) -> bool:
+        """Set on SIGTERM (`DrainingServer`) and at shutdown: /readyz and gRPC health say not ready, new work 503."""
+        return self._draining
+
+    @draining.setter
+    def draining(self, draining: bool) -> None:
+        changed = draining != self._draining
+        self._draining = draining
+        if changed:
+            for listener in self._watchers:
+                listener()
+
+    def watch(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` whenever a probe's verdict may have moved: at the engine's every word on the models (a
+        model loaded, failed, self-tested or unloaded; the engine connected or gone: `ModelRegistry.sync`) and when
+        the drain begins (from the signal handler: `listener` only notes it). The verdicts that time moves (a batch
+        stuck on the device, a silent engine) come with no event: a watcher also looks again every so often."""
+        self._watchers.append(listener)
+        self.registry.on_change.append(listener)
+
+    def model_ready(self, model: ServedModel) -> bool:
+        """The model answers requests: ready, and the server is not draining (ModelReady, gRPC health)."""
+        return model.status == ModelStatus.READY and not self.draining
 
     def load(self) -> None:
         """Read the models and open their sessions (once): what can fail at start-up, before serving starts.
@@ -136,7 +162,7 @@ class ServerState:
         if silent := self.engine.unresponsive():
             return unavailable(f"not ready: {silent}")
         if not registry.ready:
-            return unavailable(f"not ready; loading: {', '.join(registry.loading) or 'none'}")
+            return _models_not_ready(list(registry.models.values()))
         ready = sorted(m.name for m in list(registry.models.values()) if m.status == ModelStatus.READY)
         return 200, {"status": "ready", "models": ready, "failed": registry.failed}
 
@@ -161,6 +187,7 @@ class ServerState:
             "cpu_variant_trial": engine.get("cpu_variant_trial"),
             "demo": bool(config and config.demo),
             "rerank": bool(config and config.rerank),
+            "embedding": _embedding(config),
             "max_length": config.max_length if config else None,
             "shapes": _shapes(engine),
             "limits": {
@@ -177,11 +204,49 @@ class ServerState:
         }
 
 
+# The order /readyz names the models that are not ready in: what an operator must act on first.
+NOT_READY_ORDER = (ModelStatus.FAILED, ModelStatus.LOADING, ModelStatus.CHECKING, ModelStatus.UNLOADING)
+
+
+def _models_not_ready(models: list[ServedModel]) -> Verdict:
+    """/readyz's 503 while the models hold the server back (those of the start still loading or checking, or none
+    left that can answer): each model that is not ready, by status, a failed one with its reason, in the message
+    ("not ready; failed: m1 (REASON), loading: m2") and under "not_ready" ({name: {status, error}}). It said
+    "not ready; loading: none" with every model failed, which left the operator to find out why."""
+    waiting = sorted((m for m in models if m.status != ModelStatus.READY), key=lambda m: m.name)
+    groups = []
+    for kind in NOT_READY_ORDER:
+        named = [f"{m.name} ({m.failure})" if m.failure else m.name for m in waiting if m.status == kind]
+        if named:
+            groups.append(f"{kind}: {', '.join(named)}")
+    if not groups:
+        groups.append("no model is served" if not models else "the engine is warming up")
+    status, body = unavailable(f"not ready; {', '.join(groups)}")
+    body["not_ready"] = {m.name: {"status": str(m.status), "error": m.failure} for m in waiting}
+    return status, body
+
+
 def _variant_accuracy(config: ModelConfig | None, variant: str | None) -> dict[str, Any] | None:
     """The served variant's figures measured at export on labelled data (--eval), where there are any."""
     if config is None or variant is None or variant not in config.variants:
         return None
     return config.variants[variant].get("accuracy")
+
+
+def _embedding(config: ModelConfig | None) -> dict[str, Any] | None:
+    """An embedding entry's vector: its size, what the graph does to make it, and how its vectors compare."""
+    spec = config.embedding if config else None
+    if spec is None:
+        return None
+    return {
+        "dimension": spec.dimension,
+        "pooling": spec.pooling,
+        "normalize": spec.normalize,
+        "dense_layers": spec.dense_layers,
+        "similarity": spec.similarity,
+        "prompts": dict(spec.prompts),
+        "default_prompt": spec.prompts.get(spec.default_prompt_name) if spec.default_prompt_name else None,
+    }
 
 
 def _shapes(engine: dict[str, Any]) -> dict[str, Any] | None:

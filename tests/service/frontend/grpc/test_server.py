@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -267,6 +268,16 @@ def test_every_front_end_of_process_mode_serves_grpc(oip_repository, server_fact
     assert answered == 12
     # ready is one front-end's word: the other may still be starting on a loaded machine
     assert wait_for(lambda: server.log().count("gRPC (Open Inference Protocol v2) on") == 2), server.log()
+
+    def every_connection_serving() -> bool:  # grpc.health.v1 from each front-end (a connection of its own each)
+        statuses = set()
+        for _ in range(12):
+            with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+                health = health_pb2_grpc.HealthStub(channel)
+                statuses.add(health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status)
+        return statuses == {health_pb2.HealthCheckResponse.SERVING}
+
+    assert wait_for(every_connection_serving, timeout=60), server.log()
 
 
 def test_a_grpc_port_in_use_is_refused_at_start_with_the_reason(oip_repository) -> None:
