@@ -26,9 +26,9 @@ from service.settings import Settings
 # What the export accepts as an entry's name (export.repository.check_name): names travel in URLs and on the wire.
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 CHUNK = 1 << 20
-# The tasks this version serves. The export also writes `embedding` entries (model.json's contract accepts them),
-# which this server does not serve yet: such an entry fails to load with that reason, like any unloadable entry.
-SERVED_TASKS = ("classification", "ner", "qa")
+# The tasks this version serves: every task the export writes (an entry of a task not listed here would fail to
+# load with that reason, like any unloadable entry).
+SERVED_TASKS = ("classification", "ner", "qa", "embedding")
 
 
 def name_problem(name: str) -> str | None:

@@ -12,7 +12,9 @@ A model's tensors (one element per input, row-major; shape [N] or [N, 1]):
   parameter `aggregation_strategy`;
 - qa: `question` and `context` BYTES in; `answers` BYTES out, shape [N]: each a JSON list of answers (as the native
   /qa answers); parameters `top_k`, `max_answer_len`, `doc_stride`, `max_seq_len`, `max_question_len`,
-  `handle_impossible_answer`, `align_to_words`.
+  `handle_impossible_answer`, `align_to_words`;
+- embedding: `text` BYTES in; `embedding` FP32 out, shape [N, D] (a vector per input, as the native /embed answers
+  it); parameters `normalize` (default true) and `dimensions` (the first D values, normalized again).
 
 BYTES elements are UTF-8 text. Every error is a domain error (`service.errors`): BadRequest where the tensors break
 the protocol (a name, a datatype, a shape that disagrees with the data), InvalidInput where the text breaks a limit.
@@ -86,6 +88,11 @@ TASKS = {
         inputs=(TensorSpec("question", "BYTES", (-1,)), TensorSpec("context", "BYTES", (-1,))),
         outputs=(TensorSpec("answers", "BYTES", (-1,)),),
         parameters=QA_PARAMETERS,
+    ),
+    "embedding": TaskTensors(
+        inputs=(TensorSpec("text", "BYTES", (-1,)),),
+        outputs=(TensorSpec("embedding", "FP32", (-1, -1)),),
+        parameters=("normalize", "dimensions"),
     ),
 }
 
@@ -242,6 +249,8 @@ async def infer(
         outputs, timings = await _classify(pipeline, model.name, texts, options, ticket)
     elif model.task == "ner":
         outputs, timings = await _recognize(pipeline, model.name, texts["text"], options, ticket)
+    elif model.task == "embedding":
+        outputs, timings = await _embed(pipeline, model.name, texts["text"], options, ticket)
     else:
         outputs, timings = await _answer(pipeline, model.name, texts, options, ticket)
     return InferResult([out for out in outputs if requested is None or out.name in requested], timings)
@@ -303,6 +312,20 @@ async def _answer(
                 )
     results, timings = await pipeline.qa(name, pairs, options, ticket)
     return [OutputTensor("answers", "BYTES", [len(results)], [_json(result) for result in results])], timings
+
+
+async def _embed(
+    pipeline: RequestPipeline, name: str, texts: list[str], options: dict[str, Any], ticket: Ticket
+) -> tuple[list[OutputTensor], Timings]:
+    normalize, dimensions = options.get("normalize", True), options.get("dimensions")
+    if not isinstance(normalize, bool):
+        raise InvalidInput(f"parameter normalize must be true or false, not {normalize!r}", field="normalize")
+    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)):
+        raise InvalidInput(f"parameter dimensions must be a whole number, not {dimensions!r}", field="dimensions")
+    vectors, timings = await pipeline.embed(name, texts, ticket, normalize, dimensions, field="text")
+    size = len(vectors[0]) if vectors else 0
+    data = [value for vector in vectors for value in vector]
+    return [OutputTensor("embedding", "FP32", [len(vectors), size], data)], timings
 
 
 def _json(value: Any) -> str:

@@ -9,8 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from bertcore.model_config import EmbeddingSpec
 from bertcore.rows import Row
-from bertcore.tasks import classification, ner, qa
+from bertcore.tasks import classification, embedding, ner, qa
 from bertcore.tasks.errors import TaskInputError
 from service.errors import InvalidInput, WrongTask, unpaired_surrogate
 from service.frontend.engine_client import Engine
@@ -25,7 +26,7 @@ T = TypeVar("T")
 # 1,000 characters for classification, ~0.5 ms for a SQuAD question's windows): handing it to a thread and back
 # costs more, and under load the thread waits for the GIL anyway. Longer requests go to the pool.
 INLINE_CHARS = 2_000
-ENDPOINT_OF_TASK = {"classification": "classify", "ner": "ner", "qa": "qa"}
+ENDPOINT_OF_TASK = {"classification": "classify", "ner": "ner", "qa": "qa", "embedding": "embed"}
 
 
 @dataclass
@@ -62,7 +63,7 @@ class RequestPipeline:
         model = await self.registry.serving(name, wait_s, ticket)
         if model.task != task:
             endpoint = ENDPOINT_OF_TASK.get(model.task or "", "")
-            raise WrongTask(f"model {name} is a {model.task} model; use POST /v1/models/{name}/{endpoint}")
+            raise WrongTask(f"model {name} is {_a(model.task)} model; use POST /v1/models/{name}/{endpoint}")
         return model
 
     def check_texts(self, texts: Sequence[tuple[str, str]]) -> None:
@@ -76,10 +77,11 @@ class RequestPipeline:
             if not text.isascii() and (surrogate := unpaired_surrogate(where, text)) is not None:
                 raise surrogate
 
-    def check_count(self, count: int) -> None:
+    def check_count(self, count: int, field: str = "inputs") -> None:
+        """`field`: the request's name for its inputs (OpenAI's is input)."""
         if count > self.settings.max_inputs_per_request:
             raise InvalidInput(
-                f"{count} inputs in one request; the limit is {self.settings.max_inputs_per_request}", field="inputs"
+                f"{count} inputs in one request; the limit is {self.settings.max_inputs_per_request}", field=field
             )
 
     async def classify(
@@ -128,25 +130,73 @@ class RequestPipeline:
         outputs, timings = await self._classify_rows(model, pairs, texts, ticket)
         return [float(classification.scores(out["logits"], None, "sigmoid")[0]) for out in outputs], timings
 
+    async def embed(
+        self,
+        name: str,
+        texts: list[str],
+        ticket: Ticket,
+        normalize: bool = True,
+        dimensions: int | None = None,
+        truncate: bool | None = None,
+        field: str = "inputs",
+        prompt_name: str | None = None,
+    ) -> tuple[list[list[float]], Timings]:
+        """A vector per text, in order: the graph's (pooled, through any Dense layers, normalized where the model
+        normalizes), its first `dimensions` values normalized again, scaled to unit length with `normalize`. A text
+        longer than the model's window is cut to it or refused (`truncate`; None: as --token-overflow says); each
+        text is one row in the batcher, as a classify input. `field` is the request's name for its texts (inputs;
+        OpenAI's input), so that an error names the text at fault as the client knows it. Each text goes behind the
+        prompt named (`prompt_name`, one of the model's), else the model's default prompt, as sentence-transformers'
+        `encode` puts it."""
+        model = await self.model_for(name, "embedding", ticket)
+        spec = _embedding_spec(model)
+        self._check_task_options(lambda: embedding.check_dimensions(dimensions, spec.dimension))
+        self.check_count(len(texts), field)
+        inputs = self._check_task_options(lambda: embedding.prompted(texts, spec, prompt_name))
+        tokenizer = model.loaded_tokenizer
+        outputs, timings = await self._text_rows(
+            model,
+            [(f"{field}.{i}", text) for i, text in enumerate(texts)],
+            ticket,
+            lambda cut: embedding.prepare(tokenizer, inputs, model.max_length, cut, field),
+            truncate,
+        )
+        return [embedding.postprocess(out[embedding.OUTPUT], normalize, dimensions) for out in outputs], timings
+
     async def _classify_rows(
         self, model: ServedModel, inputs: list[classification.TextInput], texts: list[tuple[str, str]], ticket: Ticket
     ) -> tuple[list[Any], Timings]:
         """Texts or pairs, checked (`texts`: each with the field that names it) and tokenized, through the engine."""
-        truncate = self.settings.token_overflow == "truncate"
+        tokenizer = model.loaded_tokenizer
+        return await self._text_rows(
+            model, texts, ticket, lambda cut: classification.prepare(tokenizer, inputs, model.max_length, cut)
+        )
+
+    async def _text_rows(
+        self,
+        model: ServedModel,
+        texts: list[tuple[str, str]],
+        ticket: Ticket,
+        prepare: Callable[[bool], list[Row]],
+        truncate: bool | None = None,
+    ) -> tuple[list[Any], Timings]:
+        """One row per input (classification's, an embedding's): the texts checked (each with the field that names
+        it), `prepare(truncate)` run (None: truncate as --token-overflow says), the rows through the engine. A
+        request's few short texts are tokenized right here (INLINE_CHARS)."""
+        cut = self.settings.token_overflow == "truncate" if truncate is None else truncate
         timings = Timings()
         self.check_texts(texts)
         rows = await self._off_loop(
-            timings,
-            lambda: classification.prepare(model.loaded_tokenizer, inputs, model.max_length, truncate),
-            inline=sum(len(text) for _, text in texts) <= INLINE_CHARS,
+            timings, lambda: prepare(cut), inline=sum(len(text) for _, text in texts) <= INLINE_CHARS
         )
         return await self._run(model, rows, ticket, timings), timings
 
     @staticmethod
-    def _check_task_options(check: Callable[[], None]) -> None:
-        """A task module's check of its parameters: its TaskInputError is the client's (422, the field named)."""
+    def _check_task_options(check: Callable[[], T]) -> T:
+        """A task module's check of its parameters (and what it gives back): its TaskInputError is the client's
+        (422, the field named)."""
         try:
-            check()
+            return check()
         except TaskInputError as exc:
             raise InvalidInput(str(exc), field=exc.field) from exc
 
@@ -241,6 +291,8 @@ class RequestPipeline:
                 await self.classify(model.name, ["bertserve self-test"], None, ticket)
             elif model.task == "ner":
                 await self.ner(model.name, ["The bertserve self-test runs in Paris."], "simple", ticket)
+            elif model.task == "embedding":
+                await self.embed(model.name, ["bertserve self-test"], ticket)
             else:
                 await self.qa(model.name, [("What runs?", "The bertserve self-test runs.")], {}, ticket)
         finally:
@@ -278,8 +330,9 @@ class RequestPipeline:
         timings.inference_calls = ticket.inference_calls
         timings.rows = len(rows)
         timings.tokens = tokens
-        self.metrics.queue_duration.labels(model.name).observe(timings.queue_s)
-        self.metrics.tokenization_duration.labels(model.name).observe(timings.tokenization_s)
+        metrics = self.metrics
+        metrics.series(metrics.queue_duration, model.name).observe(timings.queue_s)
+        metrics.series(metrics.tokenization_duration, model.name).observe(timings.tokenization_s)
         return outputs
 
 
@@ -289,12 +342,24 @@ def _not_a_cross_encoder(model: ServedModel) -> WrongTask:
     what = (
         f"a classification model with {labels} label{plural}"
         if model.task == "classification"
-        else f"a {model.task} model"
+        else f"{_a(model.task)} model"
     )
     return WrongTask(
         f"model {model.name} is {what}, not a cross-encoder: rerank needs a classification entry with one label "
         f"(see GET /v1/models/{model.name})"
     )
+
+
+def _a(task: str | None) -> str:
+    """The task's name after its article: "a classification", "an embedding"."""
+    return f"{'an' if task and task[0] in 'aeiou' else 'a'} {task}"
+
+
+def _embedding_spec(model: ServedModel) -> EmbeddingSpec:
+    """An embedding entry's spec (its model.json cannot lack one: `ModelConfig.parse` requires it)."""
+    if model.config is None or model.config.embedding is None:
+        raise model.load_failure()
+    return model.config.embedding
 
 
 def _classify_texts(inputs: list[classification.TextInput]) -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ entry's content."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -40,27 +41,26 @@ def test_a_version_follows_the_content_and_names_the_export_time(tiny_repository
     assert entry_version(tmp_path / "copy") != first
 
 
-def test_an_embedding_entry_fails_to_load_with_one_clear_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The export writes task `embedding` entries that this server does not serve: such an entry fails to load,
-    logged with the reason, and the others are served (--load-failure skip) or the start is refused (fail)."""
-    import logging
-
-    from service.errors import StartupError
-    from service.repository import load_entries, read_config
+def test_an_embedding_entry_is_served(tmp_path: Path) -> None:
+    """The export writes task `embedding` entries, and this server serves them: the entry's config is read with its
+    vector's spec, and it loads at start as any other entry (no failure, even under --load-failure fail)."""
+    from service.repository import SERVED_TASKS, load_entries, read_config
     from service.settings import Settings
     from tests.export.embedding_models import MINIMAL_ENTRY_CONFIG as config
 
     entry = tmp_path / "embed"
     entry.mkdir()
     (entry / "model.json").write_text(json.dumps(config))
-    reason = "task embedding is exported but not served by this version"
-    with pytest.raises(ValueError, match=reason):
-        read_config(entry)
+    read = read_config(entry)
+    assert "embedding" in SERVED_TASKS and read.task == "embedding" and not read.per_token
+    assert read.embedding is not None and read.embedding.dimension == 384 and read.embedding.normalize
+    loaded: list[str] = []
     failed: list[tuple[str, str]] = []
-    log = logging.getLogger("tests.repository")
-    with caplog.at_level(logging.ERROR, logger="tests.repository"):
-        load_entries(Settings(repository=tmp_path), log, read_config, lambda name, why: failed.append((name, why)))
-    assert failed == [("embed", f"ValueError: {reason}")]
-    assert [r.getMessage() for r in caplog.records] == [f"model embed failed to load: ValueError: {reason}"]
-    with pytest.raises(StartupError, match=f"model embed failed to load: ValueError: {reason}"):
-        load_entries(Settings(repository=tmp_path, load_failure="fail"), log, read_config, lambda *_: None)
+    settings = Settings(repository=tmp_path, load_failure="fail")
+    load_entries(
+        settings,
+        logging.getLogger("tests.repository"),
+        lambda path: loaded.append(read_config(path).task),
+        lambda name, why: failed.append((name, why)),
+    )
+    assert loaded == ["embedding"] and failed == []

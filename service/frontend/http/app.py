@@ -16,7 +16,7 @@ from starlette.types import ASGIApp
 
 from bertcore.version import __version__
 from service.frontend.grpc.server import GrpcServer
-from service.frontend.http import hf_tasks, open_inference, rerank
+from service.frontend.http import hf_tasks, open_inference, openai_api, rerank
 from service.frontend.http.auth import ApiKeys, AuthMiddleware, open_paths
 from service.frontend.http.docs import document_bearer_auth, install_docs
 from service.frontend.http.errors import install_error_handlers
@@ -49,7 +49,7 @@ TIMING_HEADERS = (
     "x-rows",
 )
 # Every inference endpoint: the native routes, then the other protocols' adapters (each mounted and documented alike).
-ALL_INFERENCE_ROUTES = (*INFERENCE_ROUTES, *hf_tasks.ROUTES, *rerank.ROUTES)
+ALL_INFERENCE_ROUTES = (*INFERENCE_ROUTES, *hf_tasks.ROUTES, *rerank.ROUTES, *openai_api.ROUTES)
 
 
 class BertServeApp(FastAPI):
@@ -66,6 +66,7 @@ class BertServeApp(FastAPI):
             hf_task=hf_tasks.serve,
             v2_infer=open_inference.infer,
             rerank={"/v1/rerank": rerank.serve_v1, "/v2/rerank": rerank.serve_v2},
+            openai={route.path: route.endpoint for route in openai_api.ROUTES},
         )
         cors = bool(server.settings.cors_allow_origins)
         return cast(ASGIApp, InferenceGateway(slow_lane, server, endpoints, self.state.api_keys, cors))

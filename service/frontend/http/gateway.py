@@ -12,10 +12,16 @@ the one error body, headers, the access line and the metrics.
 The order, as the middleware stack had it: the request id; the API key (401, not counted in the request metrics);
 the body limit by Content-Length (413, not counted); then, counted and timed: JSON only (415), admission (429,
 before the body is read), the body (read here, bounded: 413), the endpoint and its errors.
+
+Every error has one body, {error, error_type, field}, and one mapping of domain errors to statuses
+(`service.errors`, `service.frontend.http.errors`); a path that speaks another API's error shape (OpenAI's
+embeddings: `{"error": {message, type, param, code}}`) has that body rendered in its shape on the way out
+(`ERROR_SHAPES`, `ShapedErrors`), whichever layer answered the error, with the same status and headers.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +36,7 @@ from service.errors import Overloaded, PayloadTooLarge, ServiceError, Unsupporte
 from service.frontend.http import errors as http_errors
 from service.frontend.http.admission import SCOPE_ADMISSION, AdmissionGate, estimate_tokens
 from service.frontend.http.auth import ApiKeys, bearer_token, unauthorized
-from service.frontend.http.middleware import SCOPE_MODEL, endpoint_label, json_only_refusal
+from service.frontend.http.middleware import OPENAI_EMBEDDINGS_PATH, SCOPE_MODEL, endpoint_label, json_only_refusal
 from service.frontend.http.state import ServerState
 from service.logs import (
     REQUEST_ID,
@@ -45,12 +51,73 @@ from service.logs import (
 Scope = dict[str, Any]
 Endpoint = Callable[[Request], Awaitable[Response]]
 ASGIApp = Callable[..., Awaitable[None]]
+# The one error body ({error, error_type, field}) and the response's status -> the body another API's clients parse
+ErrorShape = Callable[[int, dict[str, Any]], dict[str, Any]]
 log = logging.getLogger("service.http")
 
 
+def openai_error(status: int, content: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's error body: the message, a type by the status (the openai SDK picks its exception by the status;
+    the type is for people and logs), the field as `param` and the server's error_type as `code`."""
+    if status == 401:
+        kind = "authentication_error"
+    elif status == 429:
+        kind = "rate_limit_error"
+    elif status >= 500:
+        kind = "server_error"
+    else:
+        kind = "invalid_request_error"
+    message, field, code = content.get("error"), content.get("field"), content.get("error_type")
+    return {"error": {"message": message, "type": kind, "param": field, "code": code}}
+
+
+# Paths whose errors are rendered in another API's shape (every method: a GET's 405 too)
+ERROR_SHAPES: dict[str, ErrorShape] = {OPENAI_EMBEDDINGS_PATH: openai_error}
+
+
+class ShapedErrors:
+    """`send`, with an error answer's body (status 400 and up, the one error body) rendered in the path's shape:
+    whichever layer answered (the gateway's checks, the endpoint, the slow lane's middleware or FastAPI's
+    handlers), the status, the headers and which error it is stay theirs; only the body's shape changes."""
+
+    def __init__(self, send: Callable, shape: ErrorShape) -> None:
+        self._send = send
+        self._shape = shape
+        self._start: dict[str, Any] | None = None  # an error's start, held until its body is in
+        self._chunks: list[bytes] = []
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            self._start = message
+            return
+        if self._start is None or message["type"] != "http.response.body":
+            await self._send(message)
+            return
+        self._chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        start, body = self._start, self._shaped(self._start["status"], b"".join(self._chunks))
+        self._start, self._chunks = None, []
+        headers = [(name, value) for name, value in start.get("headers", ()) if name.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await self._send({**start, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body})
+
+    def _shaped(self, status: int, body: bytes) -> bytes:
+        """The body in the path's shape; as it is where it is not the one error body (nothing to render)."""
+        try:
+            content = json.loads(body)
+        except ValueError:
+            return body
+        if not isinstance(content, dict) or "error_type" not in content:
+            return body
+        shaped = self._shape(status, content)
+        return json.dumps(shaped, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
 class InferenceEndpoints:
-    """Which endpoint serves a POST to a path, and the path's model name (None for rerank's, which is the body's).
-    The paths are `middleware.is_inference`'s."""
+    """Which endpoint serves a POST to a path, and the path's model name (None for rerank's and OpenAI's, which is
+    the body's). The paths are `middleware.is_inference`'s."""
 
     def __init__(
         self,
@@ -58,14 +125,16 @@ class InferenceEndpoints:
         hf_task: Endpoint,
         v2_infer: Endpoint,
         rerank: dict[str, Endpoint],
+        openai: dict[str, Endpoint] | None = None,
     ) -> None:
         self.native = native  # the last part of /v1/models/{name}/{action} -> its endpoint
         self.hf_task = hf_task  # /v1/models/{name}
         self.v2_infer = v2_infer  # /v2/models/{name}/infer
         self.rerank = rerank  # /v1/rerank, /v2/rerank
+        self.model_in_body = {**rerank, **(openai or {})}  # those and /v1/embeddings: paths that name no model
 
     def find(self, path: str) -> tuple[Endpoint, str | None] | None:
-        endpoint = self.rerank.get(path)
+        endpoint = self.model_in_body.get(path)
         if endpoint is not None:
             return endpoint, None
         parts = path.split("/")  # ['', 'v1', 'models', name, action?]
@@ -103,6 +172,8 @@ class InferenceGateway:
         self.metrics = server.metrics
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and (shape := ERROR_SHAPES.get(scope["path"])) is not None:
+            send = ShapedErrors(send, shape)
         found = self.endpoints.find(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if found is None:
             await self.slow_lane(scope, receive, send)
@@ -177,8 +248,9 @@ class InferenceGateway:
             path_model = scope.get(SCOPE_MODEL) if name is None else name
             model = path_model if path_model in self.server.registry.models else "unknown"  # bounded label values
             label = endpoint_label(scope)
-            self.metrics.requests.labels(model, label, str(status)).inc()
-            self.metrics.request_duration.labels(model, label).observe(time.perf_counter() - started)
+            metrics = self.metrics
+            metrics.series(metrics.requests, model, label, str(status)).inc()
+            metrics.series(metrics.request_duration, model, label).observe(time.perf_counter() - started)
 
     async def _counted(
         self,

@@ -8,9 +8,12 @@ output shape, as huggingface_hub's `InferenceClient(model=URL)` sends and parses
   lists for a list of texts.
 - question-answering: `{answer, score, start, end}` for one input with top_k 1, else a list; a list of those for a
   list of inputs.
+- feature-extraction (an embedding model): `[[float, ...], ...]`, a vector per input (a single input too, as TEI
+  answers it); its parameters sit beside `inputs`, not under `parameters` (the task's spec, and the client's).
 
 An adapter only: the body's parameters become the request pipeline's options (`RequestPipeline.classify`, `ner`,
-`qa`), and the request is admitted, limited, timed and counted as the native routes' are (`routes.admitted`)."""
+`qa`, `embed`), and the request is admitted, limited, timed and counted as the native routes' are
+(`routes.admitted`)."""
 
 from __future__ import annotations
 
@@ -73,10 +76,19 @@ async def _question_answering(pipeline: RequestPipeline, name: str, body: Any, t
     return (results[0] if single else results), timings
 
 
+async def _feature_extraction(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[Any, Timings]:
+    texts = body.inputs if isinstance(body.inputs, list) else [body.inputs]
+    normalize = True if body.normalize is None else body.normalize
+    return await pipeline.embed(
+        name, texts, ticket, normalize, body.dimensions, body.truncate, prompt_name=body.prompt_name
+    )
+
+
 TASKS = {
     "classification": HfTask("text-classification", schemas.HfClassificationRequest, _text_classification),
     "ner": HfTask("token-classification", schemas.HfTokenClassificationRequest, _token_classification),
     "qa": HfTask("question-answering", schemas.HfQuestionAnsweringRequest, _question_answering),
+    "embedding": HfTask("feature-extraction", schemas.HfFeatureExtractionRequest, _feature_extraction),
 }
 
 
@@ -100,7 +112,8 @@ ROUTES = (
     AdapterRoute(
         "/v1/models/{name}",
         "hf_task",
-        "Hugging Face task API: the payload of the model's task (text-, token-classification, question-answering)",
+        "Hugging Face task API: the payload of the model's task (text-, token-classification, question-answering, "
+        "feature-extraction)",
         schemas.HfTaskRequest,
         schemas.HfTaskResponse,
         serve,

@@ -36,10 +36,12 @@ class BodyTooLarge(Exception):
     pass
 
 
-INFERENCE_ENDPOINTS = ("classify", "ner", "qa")
+INFERENCE_ENDPOINTS = ("classify", "ner", "qa", "embed")
 V2_INFER_ENDPOINT = "v2-infer"  # the request metrics' endpoint label of POST /v2/models/{name}/infer
 # Inference paths that name no model: the route puts the body's model in the scope (SCOPE_MODEL) for the metrics.
 RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank"})
+OPENAI_EMBEDDINGS_PATH = "/v1/embeddings"  # OpenAI's embeddings API; the metrics' endpoint label "embeddings"
+MODEL_IN_BODY_PATHS = RERANK_PATHS | {OPENAI_EMBEDDINGS_PATH}
 SCOPE_MODEL = "bertserve.model"
 
 
@@ -58,9 +60,9 @@ class StatusRecorder:
 
 def is_inference(path: str) -> bool:
     """A path whose POST is inference: the native endpoints, the Hugging Face task API (the model's own path),
-    rerank, and the Open Inference Protocol's /v2/models/{name}/infer. (Only POSTs are inference: a GET of the
-    model's path is its information.)"""
-    if path in RERANK_PATHS:
+    rerank, OpenAI's embeddings and the Open Inference Protocol's /v2/models/{name}/infer. (Only POSTs are
+    inference: a GET of the model's path is its information.)"""
+    if path in MODEL_IN_BODY_PATHS:
         return True
     parts = path.split("/")  # ['', 'v1', 'models', name, endpoint?]
     if len(parts) < 4 or parts[2] != "models" or not parts[3]:
@@ -73,11 +75,13 @@ def is_inference(path: str) -> bool:
 
 
 def endpoint_label(scope: Scope) -> str:
-    """The metrics' endpoint label: classify, ner, qa, task (the Hugging Face task API), rerank, v2-infer, or
-    info."""
+    """The metrics' endpoint label: classify, ner, qa, embed, task (the Hugging Face task API), rerank, embeddings
+    (OpenAI's), v2-infer, or info."""
     path = scope.get("path", "")
     if path in RERANK_PATHS:
         return "rerank"
+    if path == OPENAI_EMBEDDINGS_PATH:
+        return "embeddings"
     parts = path.split("/")
     if len(parts) == 5 and parts[1] == "v2" and parts[4] == "infer":
         return V2_INFER_ENDPOINT
@@ -243,8 +247,8 @@ class BodyLimitMiddleware:
 
 
 class MetricsMiddleware:
-    """Counts every /v1/models/{name}[/{endpoint}], /v2/models/{name}/... and rerank request by model, endpoint and
-    status, and times it."""
+    """Counts every /v1/models/{name}[/{endpoint}], /v2/models/{name}/..., rerank and OpenAI embeddings request by
+    model, endpoint and status, and times it."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, known_models: Callable[[], set[str]]) -> None:
         self.app = app
@@ -253,7 +257,7 @@ class MetricsMiddleware:
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not path.startswith(("/v1/models/", "/v2/models/")) and path not in RERANK_PATHS:
+        if not path.startswith(("/v1/models/", "/v2/models/")) and path not in MODEL_IN_BODY_PATHS:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -262,7 +266,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, sent)
         finally:
             parts = path.split("/")  # ['', 'v1', 'models', name, endpoint?]
-            name = scope.get(SCOPE_MODEL) if path in RERANK_PATHS else parts[3] if len(parts) > 3 else ""
+            name = scope.get(SCOPE_MODEL) if path in MODEL_IN_BODY_PATHS else parts[3] if len(parts) > 3 else ""
             model = name if name in self.known_models() else "unknown"  # bounded label values
             endpoint = endpoint_label(scope)
             self.metrics.requests.labels(model, endpoint, str(sent.status)).inc()

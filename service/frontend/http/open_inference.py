@@ -46,13 +46,14 @@ BINARY_ANSWER: dict[int | str, dict[str, Any]] = {
 
 class Parameters(BaseModel):
     """Request parameters: the task's (classification: top_k; ner: aggregation_strategy; qa: top_k,
-    max_answer_len, doc_stride, max_seq_len, max_question_len, handle_impossible_answer, align_to_words)."""
+    max_answer_len, doc_stride, max_seq_len, max_question_len, handle_impossible_answer, align_to_words; embedding:
+    normalize, dimensions)."""
 
     model_config = ConfigDict(extra="allow")
 
 
 class InferInputTensor(BaseModel):
-    name: str = Field(description="text, text_pair (classification); text (ner); question, context (qa)")
+    name: str = Field(description="text, text_pair (classification); text (ner, embedding); question, context (qa)")
     shape: list[int] = Field(description="[N] or [N, 1]: N texts")
     datatype: str = Field(description="BYTES")
     parameters: dict[str, Any] | None = Field(None, description="binary_data_size: the data follows the JSON")

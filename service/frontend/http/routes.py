@@ -130,16 +130,25 @@ class AdapterRoute:
     request: Any  # the body's type, for the schema
     response: Any
     endpoint: Callable[[Request], Awaitable[Response]]
+    errors: dict[int | str, dict[str, Any]] | None = None  # its error answers, where not ERRORS' (the one body)
 
     def route(self) -> Route:
         return Route(self.path, self.endpoint, methods=["POST"], name=self.name)
 
     def documentation(self) -> APIRoute:
-        return documented(self.path, self.name, self.summary, self.request, self.response)
+        return documented(self.path, self.name, self.summary, self.request, self.response, self.errors)
 
 
-def documented(path: str, name: str, summary: str, request: Any, response: Any) -> APIRoute:
-    """An APIRoute that documents a POST operation whose requests go elsewhere (it is never mounted)."""
+def documented(
+    path: str,
+    name: str,
+    summary: str,
+    request: Any,
+    response: Any,
+    errors: dict[int | str, dict[str, Any]] | None = None,
+) -> APIRoute:
+    """An APIRoute that documents a POST operation whose requests go elsewhere (it is never mounted); `errors`: its
+    error answers (None: ERRORS, the one error body)."""
 
     def endpoint(name: str, body: BaseModel) -> None:  # documents the operation; requests go to the real route
         raise NotImplementedError
@@ -155,7 +164,7 @@ def documented(path: str, name: str, summary: str, request: Any, response: Any) 
         methods=["POST"],
         name=name,
         response_model=response,
-        responses=ERRORS,
+        responses=ERRORS if errors is None else errors,
         tags=["inference"],
         summary=summary,
     )
@@ -225,6 +234,13 @@ async def _answer_questions(pipeline: RequestPipeline, name: str, body: Any, tic
     return await pipeline.qa(name, [(item.question, item.context) for item in items], params, ticket)
 
 
+async def _embed(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
+    texts = body.inputs if isinstance(body.inputs, list) else [body.inputs]
+    return await pipeline.embed(
+        name, texts, ticket, body.normalize, body.dimensions, body.truncate, prompt_name=body.prompt_name
+    )
+
+
 INFERENCE_ROUTES = (
     InferenceRoute(
         "classify",
@@ -249,6 +265,14 @@ INFERENCE_ROUTES = (
         schemas.QaRequest,
         schemas.QaResponse,
         _answer_questions,
+    ),
+    InferenceRoute(
+        "embed",
+        "embed",
+        "Sentence embeddings: a vector per text",
+        schemas.EmbedRequest,
+        schemas.EmbedResponse,
+        _embed,
     ),
 )
 

@@ -111,10 +111,56 @@ class QaResponse(BaseModel):
     results: list[list[Answer]]
 
 
+class EmbedRequest(Strict):
+    inputs: str | Annotated[list[str], Field(min_length=1)] = Field(
+        description="one text or a non-empty list of texts", examples=["A man is playing a guitar."]
+    )
+    normalize: StrictBool = Field(
+        True,
+        description="scale each vector to unit length (L2); false: the model's own vectors (unit length anyway "
+        "where the model normalizes: see GET /v1/models/{name}, embedding.normalize)",
+    )
+    truncate: StrictBool | None = Field(
+        None,
+        description="a text longer than the model's window: cut to it (true) or answered 422 (false); null: as the "
+        "server's --token-overflow says",
+    )
+    dimensions: StrictInt | None = Field(
+        None,
+        ge=1,
+        description="keep each vector's first N values, normalized again (Matryoshka-trained models); at most the "
+        "model's dimension; null: every value",
+    )
+    prompt_name: str | None = Field(
+        None,
+        description="one of the model's prompts (GET /v1/models/{name}: embedding.prompts), put before each text; "
+        "null: the model's default prompt, if any",
+    )
+
+
+class EmbedResponse(BaseModel):
+    model: str
+    results: list[list[float]] = Field(description="per input, its vector")
+
+
 class ShapeInfo(BaseModel):
     buckets: int = Field(description="padded (rows, width) shapes the engine runs batches at; 0: exact shapes (CPU)")
     warmed: int = Field(description="shapes run once at warm-up (every bucket where there are buckets)")
     cuda_graphs: bool = Field(description="a CUDA graph is captured per bucket (--cuda-graphs)")
+
+
+class EmbeddingInfo(BaseModel):
+    dimension: int = Field(description="the vector's size (OpenAI's dimensions may ask for fewer, not more)")
+    pooling: str = Field(description="the token states' pooling inside the graph: mean, cls, max, mean_sqrt_len_tokens")
+    normalize: bool = Field(description="the graph itself scales every vector to unit length")
+    dense_layers: int = Field(description="Dense layers after the pooling, inside the graph")
+    similarity: str = Field(description="how the model's vectors are compared (sentence-transformers' similarity)")
+    prompts: dict[str, str] = Field(description="the model's named prompts (prefixes), for prompt_name")
+    default_prompt: str | None = Field(
+        None,
+        description="the prefix put before every text where no prompt_name is given, as sentence-transformers' "
+        "encode puts it",
+    )
 
 
 class ModelInfo(BaseModel):
@@ -154,6 +200,9 @@ class ModelInfo(BaseModel):
     )
     demo: bool = False
     rerank: bool = Field(False, description="a cross-encoder (one label): POST /v1/rerank and /v2/rerank take it")
+    embedding: EmbeddingInfo | None = Field(
+        None, description="an embedding model's vector (POST /v1/models/{name}/embed and /v1/embeddings take it)"
+    )
     max_length: int | None = None
     shapes: ShapeInfo | None = Field(None, description="the engine's shape buckets, once the model is loaded")
     limits: dict[str, int | float | str]
@@ -211,15 +260,41 @@ class HfQuestionAnsweringRequest(Strict):
     parameters: HfQuestionAnsweringParameters | None = None
 
 
+class HfFeatureExtractionRequest(Strict):
+    """feature-extraction's payload: its parameters at the top level, beside `inputs` (Hugging Face's task spec)."""
+
+    inputs: str | Annotated[list[str], Field(min_length=1)] = Field(description="a text or a non-empty list of texts")
+    normalize: StrictBool | None = Field(None, description="scale each vector to unit length; null: true")
+    prompt_name: str | None = Field(
+        None, description="one of the model's prompts, put before each text; null: the model's default prompt"
+    )
+    truncate: StrictBool | None = Field(
+        None, description="a text past the model's window: cut (true) or 422 (false); null: --token-overflow"
+    )
+    truncation_direction: Literal["right"] | None = Field(
+        None, description="the side a text is cut on: right (its end), the only one taken"
+    )
+    dimensions: StrictInt | None = Field(
+        None, ge=1, description="keep each vector's first N values, normalized again; at most the model's dimension"
+    )
+    encoding_format: Literal["float"] | None = Field(None, description="float, the only one taken")
+
+
 HfTaskRequest = Annotated[
-    HfClassificationRequest | HfTokenClassificationRequest | HfQuestionAnsweringRequest,
+    HfClassificationRequest | HfTokenClassificationRequest | HfQuestionAnsweringRequest | HfFeatureExtractionRequest,
     Field(
-        description="the task payload of the model's task (text-classification, token-classification or "
-        "question-answering)"
+        description="the task payload of the model's task (text-classification, token-classification, "
+        "question-answering or feature-extraction)"
     ),
 ]
 HfTaskResponse = (
-    list[list[LabelScore]] | list[Entity] | list[list[Entity]] | Answer | list[Answer] | list[Answer | list[Answer]]
+    list[list[LabelScore]]
+    | list[Entity]
+    | list[list[Entity]]
+    | Answer
+    | list[Answer]
+    | list[Answer | list[Answer]]
+    | list[list[float]]
 )
 
 
@@ -278,6 +353,60 @@ class RerankResponse(BaseModel):
     usage: RerankUsage
 
 
+# OpenAI's embeddings API (POST /v1/embeddings, service.frontend.http.openai_api): its request, its answer and its
+# error body, as the openai SDK sends and parses them.
+
+OpenAIText = Annotated[str, Field(min_length=1, description="a text (not empty)")]
+
+
+class OpenAIEmbeddingRequest(Strict):
+    input: OpenAIText | Annotated[list[OpenAIText], Field(min_length=1)] = Field(
+        description="a text or a non-empty list of texts (token arrays are not taken: the model has its own tokenizer)",
+        examples=["A man is playing a guitar."],
+    )
+    model: str = Field(description="the name of an embedding model this server serves")
+    encoding_format: Literal["float", "base64"] | None = Field(
+        None,
+        description="float (null too): lists of numbers; base64: each vector's little-endian float32 bytes in "
+        "base64 (what the openai SDK asks for by default, and decodes)",
+    )
+    dimensions: StrictInt | None = Field(
+        None, ge=1, description="keep each vector's first N values, normalized again; at most the model's dimension"
+    )
+    user: str | None = Field(None, description="accepted and ignored")
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"]
+    index: int = Field(description="the text's position in the request")
+    embedding: list[float] | str = Field(description="the unit-length vector, or its float32 bytes in base64")
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int = Field(description="the tokens of every text, special tokens included, after any cut")
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
+class OpenAIError(BaseModel):
+    message: str = Field(description="what went wrong, for a person")
+    type: str = Field(
+        description="invalid_request_error, authentication_error, rate_limit_error or server_error (by the status)"
+    )
+    param: str | None = Field(None, description="the offending field, where there is one")
+    code: str | None = Field(None, description="the server's error_type: validation, not_found, wrong_task, ...")
+
+
+class OpenAIErrorBody(BaseModel):
+    error: OpenAIError
+
+
 REQUEST_FIELDS = frozenset(
     name
     for model in (
@@ -292,6 +421,9 @@ REQUEST_FIELDS = frozenset(
         HfQuestionAnsweringParameters,
         RerankRequest,
         RerankV2Request,
+        EmbedRequest,
+        OpenAIEmbeddingRequest,
+        HfFeatureExtractionRequest,
     )
     for name in model.model_fields
 )

@@ -1,0 +1,83 @@
+"""OpenAI's embeddings API: `POST /v1/embeddings` ({input, model, encoding_format, dimensions, user}), as the openai
+SDK and the OpenAI-compatible clients built on it (LangChain's, LlamaIndex's) send it, for an embedding entry.
+
+Answers `{object: "list", data: [{object: "embedding", index, embedding}], model, usage: {prompt_tokens,
+total_tokens}}`: each vector of unit length (OpenAI's are), cut to its first `dimensions` values and normalized
+again where asked; with `encoding_format` base64, the vector's little-endian float32 bytes in base64 (what the SDK
+asks for by default, and decodes). `prompt_tokens` counts the rows' tokens, special tokens included. Errors have
+OpenAI's shape, `{"error": {message, type, param, code}}`, with the statuses of the rest of the server
+(`gateway.ERROR_SHAPES`). An adapter only: the texts are one request's rows in the batcher, and the request is
+admitted, limited, timed and counted as the native routes' are."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service.frontend.http import schemas
+from service.frontend.http.middleware import OPENAI_EMBEDDINGS_PATH, SCOPE_MODEL
+from service.frontend.http.routes import (
+    ERRORS,
+    AdapterRoute,
+    admitted,
+    json_body,
+    parse_body,
+    server_state,
+    timing_headers,
+)
+
+FLOAT32_LE = np.dtype("<f4")
+
+
+def base64_vector(vector: list[float]) -> str:
+    """The vector as OpenAI's base64 encoding carries it: its little-endian float32 bytes (exact: the values are
+    float32 already)."""
+    return base64.b64encode(np.asarray(vector, dtype=FLOAT32_LE).tobytes()).decode("ascii")
+
+
+def envelope(name: str, vectors: list[list[float]], encoding_format: str | None, tokens: int) -> dict[str, Any]:
+    encode = base64_vector if encoding_format == "base64" else None
+    data = [
+        {"object": "embedding", "index": index, "embedding": encode(vector) if encode else vector}
+        for index, vector in enumerate(vectors)
+    ]
+    return {
+        "object": "list",
+        "data": data,
+        "model": name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+async def serve(request: Request) -> Response:
+    body = parse_body(schemas.OpenAIEmbeddingRequest, await json_body(request))
+    server = server_state(request)
+    request.scope[SCOPE_MODEL] = body.model
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    async with admitted(request) as ticket:
+        vectors, timings = await server.pipeline.embed(
+            body.model, texts, ticket, normalize=True, dimensions=body.dimensions, field="input"
+        )
+    content = envelope(body.model, vectors, body.encoding_format, timings.tokens)
+    return JSONResponse(content, headers=timing_headers(timings, ticket))
+
+
+# Its errors are OpenAI's body, at the statuses the rest of the server answers
+OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": schemas.OpenAIErrorBody} for code in ERRORS}
+
+ROUTES = (
+    AdapterRoute(
+        OPENAI_EMBEDDINGS_PATH,
+        "openai_embeddings",
+        "Embeddings (OpenAI's API): a vector per text, as floats or base64",
+        schemas.OpenAIEmbeddingRequest,
+        schemas.OpenAIEmbeddingResponse,
+        serve,
+        OPENAI_ERRORS,
+    ),
+)
