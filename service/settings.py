@@ -172,7 +172,9 @@ class Settings(BaseSettings):
     max_inputs_per_request: int = Field(64, ge=1, le=10_000, description="most inputs in one request")
     max_chars_per_input: int = Field(20_000, ge=1, le=10_000_000, description="longest text, in characters")
     token_overflow: Literal["truncate", "error"] = Field(
-        "truncate", description="classification inputs longer than the model's window: truncate, or answer 422"
+        "truncate",
+        description="classification, rerank and embedding inputs longer than the model's window: truncate, or "
+        "answer 422 (an embedding request's truncate overrides it)",
     )
     # Work and memory per request (issue 10: QA window amplification, memory held after large requests).
     max_qa_windows: int = Field(
