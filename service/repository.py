@@ -154,6 +154,10 @@ def read_config(entry: Path) -> ModelConfig:
     return config
 
 
+class EntryFailed(Exception):
+    """An entry that failed to load, its reason already one line (`one_line`'s "Type: message"): said as it is."""
+
+
 def load_entries(
     settings: Settings, log: logging.Logger, load: Callable[[Path], None], failed: Callable[[str, str], None]
 ) -> None:
@@ -164,7 +168,7 @@ def load_entries(
         try:
             load(entry)
         except Exception as exc:
-            reason = one_line(exc, hide=settings.repository)
+            reason = str(exc) if isinstance(exc, EntryFailed) else one_line(exc, hide=settings.repository)
             log.error("model %s failed to load: %s", entry.name, reason)
             failed(entry.name, reason)
             if settings.load_failure == "fail":

@@ -22,7 +22,7 @@ from bertcore.tokenization import TextTokenizer
 from service.errors import EngineUnavailable, ModelFailed, ModelNotFound, NotReady
 from service.frontend.engine_client import Engine
 from service.metrics import Metrics, forget
-from service.repository import entry_version, load_entries, read_config
+from service.repository import EntryFailed, entry_version, load_entries, read_config
 from service.settings import Settings
 from service.wire.model_status import ModelStatus
 from service.wire.ticket import Ticket
@@ -140,7 +140,7 @@ class ModelRegistry:
         self.models.setdefault(entry.name, ServedModel(entry.name, entry))
         model = read_model(entry, entry_version(entry), self.settings)
         if model.error is not None:
-            raise ValueError(model.error)
+            raise EntryFailed(model.error)  # already "Type: reason", the repository hidden
         self._prepared[(model.name, str(model.version))] = model
 
     async def prepare(self, name: str, version: str) -> ServedModel:

@@ -110,6 +110,10 @@ def test_a_model_that_fails_to_load_is_reported_and_the_rest_served(
             assert response.status_code == 503 and response.json()["error_type"] == "unavailable", response.text
         assert client.post("/v1/models/good/classify", json={"inputs": ["x"]}).status_code == 200
     assert "model broken failed to load" in server.log() and "model no-tokenizer failed to load" in server.log()
+    # the front-end's own failure (the tokenizer) is logged as the API says it: its type once, not wrapped again
+    reason = models["no-tokenizer"]["error"]
+    assert f"model no-tokenizer failed to load: {reason}" in server.log()
+    assert f"ValueError: {reason}" not in server.log()
 
 
 def test_load_failure_fail_refuses_to_start(repository_with_a_broken_entry, server_factory) -> None:
