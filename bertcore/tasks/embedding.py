@@ -10,6 +10,8 @@ vector: unit length, and fewer dimensions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from bertcore.model_config import EmbeddingSpec
@@ -38,17 +40,24 @@ def prompted(texts: list[str], spec: EmbeddingSpec, prompt_name: str | None = No
 
 
 def prepare(
-    tokenizer: TextTokenizer, texts: list[str], max_length: int, truncate: bool, field: str = "inputs"
+    tokenizer: TextTokenizer,
+    texts: list[str],
+    max_length: int,
+    truncate: bool,
+    field: str | Sequence[str] = "inputs",
 ) -> list[Row]:
     """One row per text; a text longer than the window is cut to it (`truncate`) or refused, as classification does:
-    a TaskInputError naming `field`.N (the request's name for its texts: inputs, or OpenAI's input)."""
+    a TaskInputError naming `field`.N (the request's name for its texts: inputs, or OpenAI's input), or where
+    `field` is a sequence, the name it gives text N (each text's own name in the request)."""
     inputs: list[classification.TextInput] = [*texts]
     try:
         return classification.prepare(tokenizer, inputs, max_length, truncate)
     except TaskInputError as exc:
         if exc.field is None or field == "inputs":
             raise
-        raise TaskInputError(str(exc), field=field + exc.field.removeprefix("inputs")) from None
+        if isinstance(field, str):
+            raise TaskInputError(str(exc), field=field + exc.field.removeprefix("inputs")) from None
+        raise TaskInputError(str(exc), field=field[int(exc.field.removeprefix("inputs."))]) from None
 
 
 def check_dimensions(dimensions: int | None, size: int) -> None:

@@ -140,6 +140,7 @@ class RequestPipeline:
         truncate: bool | None = None,
         field: str = "inputs",
         prompt_name: str | None = None,
+        names: Sequence[str] | None = None,
     ) -> tuple[list[list[float]], Timings]:
         """A vector per text, in order: the graph's (pooled, through any Dense layers, normalized where the model
         normalizes), its first `dimensions` values normalized again, scaled to unit length with `normalize`. A text
@@ -147,18 +148,20 @@ class RequestPipeline:
         text is one row in the batcher, as a classify input. `field` is the request's name for its texts (inputs;
         OpenAI's input), so that an error names the text at fault as the client knows it. Each text goes behind the
         prompt named (`prompt_name`, one of the model's), else the model's default prompt, as sentence-transformers'
-        `encode` puts it."""
+        `encode` puts it. `names`, where given: each text's own name in the request, for its errors (`field` then
+        names the texts as a whole, for their count)."""
         model = await self.model_for(name, "embedding", ticket)
         spec = _embedding_spec(model)
         self._check_task_options(lambda: embedding.check_dimensions(dimensions, spec.dimension))
         self.check_count(len(texts), field)
         inputs = self._check_task_options(lambda: embedding.prompted(texts, spec, prompt_name))
         tokenizer = model.loaded_tokenizer
+        where = list(names) if names is not None else [f"{field}.{i}" for i in range(len(texts))]
         outputs, timings = await self._text_rows(
             model,
-            [(f"{field}.{i}", text) for i, text in enumerate(texts)],
+            list(zip(where, texts, strict=True)),
             ticket,
-            lambda cut: embedding.prepare(tokenizer, inputs, model.max_length, cut, field),
+            lambda cut: embedding.prepare(tokenizer, inputs, model.max_length, cut, field if names is None else where),
             truncate,
         )
         return [embedding.postprocess(out[embedding.OUTPUT], normalize, dimensions) for out in outputs], timings

@@ -10,6 +10,8 @@ output shape, as huggingface_hub's `InferenceClient(model=URL)` sends and parses
   list of inputs.
 - feature-extraction (an embedding model): `[[float, ...], ...]`, a vector per input (a single input too, as TEI
   answers it); its parameters sit beside `inputs`, not under `parameters` (the task's spec, and the client's).
+- sentence-similarity (an embedding model, its `inputs` an object `{source_sentence, sentences}`): `[float, ...]`,
+  the cosine similarity of the source to each sentence, in the sentences' order.
 
 An adapter only: the body's parameters become the request pipeline's options (`RequestPipeline.classify`, `ner`,
 `qa`, `embed`), and the request is admitted, limited, timed and counted as the native routes' are
@@ -21,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -84,12 +87,41 @@ async def _feature_extraction(pipeline: RequestPipeline, name: str, body: Any, t
     )
 
 
+async def _sentence_similarity(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[Any, Timings]:
+    """The source and the sentences embedded in one pipeline call (one request's rows, the source first), each
+    vector scaled to unit length: the dot products are the cosine similarities (sentence-transformers' cos_sim)."""
+    params = body.parameters or schemas.HfSentenceSimilarityParameters()
+    sentences = body.inputs.sentences
+    names = ["inputs.source_sentence", *(f"inputs.sentences.{i}" for i in range(len(sentences)))]
+    vectors, timings = await pipeline.embed(
+        name,
+        [body.inputs.source_sentence, *sentences],
+        ticket,
+        truncate=params.truncate,
+        field="inputs.sentences",
+        prompt_name=params.prompt_name,
+        names=names,
+    )
+    source, others = np.asarray(vectors[0], dtype=np.float64), np.asarray(vectors[1:], dtype=np.float64)
+    return (others @ source).tolist(), timings
+
+
 TASKS = {
     "classification": HfTask("text-classification", schemas.HfClassificationRequest, _text_classification),
     "ner": HfTask("token-classification", schemas.HfTokenClassificationRequest, _token_classification),
     "qa": HfTask("question-answering", schemas.HfQuestionAnsweringRequest, _question_answering),
     "embedding": HfTask("feature-extraction", schemas.HfFeatureExtractionRequest, _feature_extraction),
 }
+# An embedding model's other task: its payload's `inputs` is an object (feature-extraction's is a text or a list).
+SENTENCE_SIMILARITY = HfTask("sentence-similarity", schemas.HfSentenceSimilarityRequest, _sentence_similarity)
+
+
+def task_of(model_task: str, data: Any) -> HfTask:
+    """The task a payload asks of a model of `model_task`: an embedding model's is sentence-similarity where
+    `inputs` is an object, feature-extraction otherwise."""
+    if model_task == "embedding" and isinstance(data, dict) and isinstance(data.get("inputs"), dict):
+        return SENTENCE_SIMILARITY
+    return TASKS[model_task]
 
 
 async def serve(request: Request) -> Response:
@@ -101,7 +133,7 @@ async def serve(request: Request) -> Response:
     model = server.registry.lookup(name)
     if model.task is None:  # its model.json could not be read: the load failure says why
         raise model.load_failure()
-    task = TASKS[model.task]
+    task = task_of(model.task, data)
     body = parse_body(task.request, data)
     async with admitted(request) as ticket:
         result, timings = await task.run(server.pipeline, name, body, ticket)
@@ -113,7 +145,7 @@ ROUTES = (
         "/v1/models/{name}",
         "hf_task",
         "Hugging Face task API: the payload of the model's task (text-, token-classification, question-answering, "
-        "feature-extraction)",
+        "feature-extraction, sentence-similarity)",
         schemas.HfTaskRequest,
         schemas.HfTaskResponse,
         serve,

@@ -280,11 +280,45 @@ class HfFeatureExtractionRequest(Strict):
     encoding_format: Literal["float"] | None = Field(None, description="float, the only one taken")
 
 
+class HfSentenceSimilarityInput(Strict):
+    source_sentence: str = Field(description="the text the others are compared to")
+    sentences: Annotated[list[str], Field(min_length=1)] = Field(
+        description="a non-empty list of texts, each compared to source_sentence"
+    )
+
+
+class HfSentenceSimilarityParameters(Strict):
+    """TEI's similarity parameters (the task's spec names none; huggingface_hub sends an empty object)."""
+
+    prompt_name: str | None = Field(
+        None, description="one of the model's prompts, put before each text; null: the model's default prompt"
+    )
+    truncate: StrictBool | None = Field(
+        None, description="a text past the model's window: cut (true) or 422 (false); null: --token-overflow"
+    )
+    truncation_direction: Literal["right"] | None = Field(
+        None, description="the side a text is cut on: right (its end), the only one taken"
+    )
+
+
+class HfSentenceSimilarityRequest(Strict):
+    """sentence-similarity's payload (an embedding model whose `inputs` is an object): answered with the cosine
+    similarity of source_sentence to each of the sentences, in their order."""
+
+    inputs: HfSentenceSimilarityInput
+    parameters: HfSentenceSimilarityParameters | None = None
+
+
 HfTaskRequest = Annotated[
-    HfClassificationRequest | HfTokenClassificationRequest | HfQuestionAnsweringRequest | HfFeatureExtractionRequest,
+    HfClassificationRequest
+    | HfTokenClassificationRequest
+    | HfQuestionAnsweringRequest
+    | HfFeatureExtractionRequest
+    | HfSentenceSimilarityRequest,
     Field(
         description="the task payload of the model's task (text-classification, token-classification, "
-        "question-answering or feature-extraction)"
+        "question-answering, or for an embedding model feature-extraction, or sentence-similarity where inputs is "
+        "an object)"
     ),
 ]
 HfTaskResponse = (
@@ -295,6 +329,7 @@ HfTaskResponse = (
     | list[Answer]
     | list[Answer | list[Answer]]
     | list[list[float]]
+    | list[float]
 )
 
 
@@ -424,6 +459,7 @@ REQUEST_FIELDS = frozenset(
         EmbedRequest,
         OpenAIEmbeddingRequest,
         HfFeatureExtractionRequest,
+        HfSentenceSimilarityInput,
     )
     for name in model.model_fields
 )

@@ -2,7 +2,8 @@
 server process, and the clients people use against it: the openai SDK on POST /v1/embeddings (both encodings,
 `dimensions`), the native POST /v1/models/{name}/embed, huggingface_hub's feature_extraction and tritonclient over
 the Open Inference Protocol, every vector equal to sentence-transformers' `encode` of the same checkpoint on real
-sentences; the errors of the OpenAI route in OpenAI's shape, whichever layer answers."""
+sentences (huggingface_hub's sentence_similarity, every score to its cos_sim); the errors of the OpenAI route in
+OpenAI's shape, whichever layer answers."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ MINILM = SHARED / "models" / "minilm-embed"
 MODEL = "minilm-embed"
 CLASSIFIER = "bert-classification"  # a tiny classification entry beside it: the wrong task for embeddings
 COSINE = 0.99999  # fp32 against sentence-transformers, as the export validates it
+# The most a cosine similarity can move when each of its two unit vectors is within COSINE of the reference's:
+# |a.b - a'.b'| <= |a - a'| + |b - b'|, and |a - a'| = sqrt(2 (1 - cos(a, a'))). (MiniLM's fp32 export: ~2e-4.)
+SIMILARITY = 2 * (2 * (1 - COSINE)) ** 0.5
 KEY = "client-key-0123456789abcdef"
 SMALL_BODY = 1024  # the keyed server's --max-body-bytes (the least the server takes)
 
@@ -352,6 +356,68 @@ def test_huggingface_hubs_feature_extraction(embed_server: Server, reference, se
     assert several.status_code == 200 and cosines(several.json(), want[:2]).min() >= COSINE
     assert unknown.status_code == 422 and unknown.json()["field"] == "prompt_name", unknown.text
     assert nested.status_code == 422 and nested.json()["field"] == "parameters"
+
+
+HF_SENTENCE_SIMILARITY = """
+import json, sys
+from huggingface_hub import InferenceClient
+url, sentence, others = json.loads(sys.argv[1])
+print(json.dumps(InferenceClient(model=url).sentence_similarity(sentence, other_sentences=others)))
+"""
+
+
+def hf_sentence_similarity(url: str, sentence: str, others: list[str]) -> list[float]:
+    """huggingface_hub's InferenceClient.sentence_similarity, in its own process (as hf_feature_extraction)."""
+    done = subprocess.run(
+        [sys.executable, "-c", HF_SENTENCE_SIMILARITY, json.dumps([url, sentence, others])],
+        env=online_env("HF_TOKEN"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_huggingface_hubs_sentence_similarity(embed_server: Server, reference, sentences: list[str]) -> None:
+    """sentence-similarity at the model's own URL: the cosine similarity of the source to each sentence, in order,
+    as sentence-transformers' cos_sim computes it of the server's own vectors (to float rounding), and of its own
+    `encode` (to what the vectors' COSINE allows); the source and the sentences are one request's rows."""
+    from sentence_transformers import util
+
+    url = f"{embed_server.url}/v1/models/{MODEL}"
+    source, others = sentences[0], sentences[1:6]
+    got = hf_sentence_similarity(url, source, others)
+    assert len(got) == len(others) and all(isinstance(score, float) for score in got)
+    with embed_server.client() as client:
+        served = client.post(f"/v1/models/{MODEL}/embed", json={"inputs": [source, *others]}).json()["results"]
+        raw = client.post(url, json={"inputs": {"source_sentence": source, "sentences": others[::-1]}})
+    assert np.allclose(got, util.cos_sim(served[:1], served[1:])[0].tolist(), rtol=0, atol=1e-6)
+    want = util.cos_sim(reference.encode([source]), reference.encode(others))[0].tolist()
+    assert np.allclose(got, want, rtol=0, atol=SIMILARITY), (got, want)
+    assert raw.status_code == 200 and raw.headers["x-rows"] == str(len(others) + 1), raw.text
+    assert np.allclose(raw.json(), got[::-1], rtol=0, atol=1e-6)
+
+
+SIMILARITY_ERRORS = [
+    ({"source_sentence": "a film", "sentences": []}, None, "inputs.sentences"),
+    ({"sentences": ["a film"]}, None, "inputs.source_sentence"),
+    ({"source_sentence": "a film", "sentences": ["fine", "x" * 20_001]}, None, "inputs.sentences.1"),
+    ({"source_sentence": "a film", "sentences": ["fine", "word " * 300]}, {"truncate": False}, "inputs.sentences.1"),
+    ({"source_sentence": "a film", "sentences": ["x"] * 64}, None, "inputs.sentences"),  # 65 rows: the limit is 64
+    ({"source_sentence": "a film", "sentences": ["x"]}, {"prompt_name": "query"}, "prompt_name"),
+    ({"source_sentence": "a film", "sentences": ["x"]}, {"normalize": True}, "parameters.normalize"),
+]
+
+
+@pytest.mark.parametrize(("inputs", "parameters", "field"), SIMILARITY_ERRORS)
+def test_sentence_similarity_names_the_field_at_fault(
+    embed_server: Server, inputs: dict, parameters: dict | None, field: str
+) -> None:
+    with embed_server.client() as client:
+        response = client.post(f"/v1/models/{MODEL}", json={"inputs": inputs, "parameters": parameters})
+    assert response.status_code == 422, response.text
+    assert response.json()["error_type"] == "validation" and response.json()["field"] == field, response.json()
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
