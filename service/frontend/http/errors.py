@@ -58,10 +58,15 @@ async def send_error(
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ServiceError, service_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(Exception, unexpected_error)
+    for kind, handler in HANDLERS:
+        app.add_exception_handler(kind, handler)
+
+
+async def error_response_for(request: Request, exc: Exception) -> JSONResponse:
+    """The response the handler of `exc` gives, for code that calls an endpoint outside FastAPI's handlers (the
+    gateway): the first of HANDLERS whose type `exc` is, as FastAPI picks the most specific."""
+    handler = next(handler for kind, handler in HANDLERS if isinstance(exc, kind))
+    return await handler(request, exc)
 
 
 async def service_error(_: Request, exc: Exception) -> JSONResponse:
@@ -146,3 +151,12 @@ async def http_error(_: Request, exc: Exception) -> JSONResponse:
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal", "internal server error")
+
+
+# Every error's handler, most specific first: FastAPI's (install_error_handlers) and the gateway's (error_response_for)
+HANDLERS: tuple[tuple[type[Exception], Callable[[Request, Exception], Awaitable[JSONResponse]]], ...] = (
+    (ServiceError, service_error),
+    (RequestValidationError, validation_error),
+    (StarletteHTTPException, http_error),
+    (Exception, unexpected_error),
+)

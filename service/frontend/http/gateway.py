@@ -27,8 +27,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -230,11 +228,10 @@ class InferenceGateway:
         body: bytes | None = None
         length: int | None = None
         if declared is None:  # chunked (or no body): read it first, bounded, so that too much is a 413
-            body = await self._read_body(receive)
-            if body is None:
-                return 500  # the client left before its body was in
-            if len(body) > self.max_bytes:
-                return await _send_error(send, self._too_large(), id_header)
+            body_or_status = await self._bounded_body(receive, send, id_header)
+            if isinstance(body_or_status, int):
+                return body_or_status
+            body = body_or_status
         elif declared.isdigit():
             length = int(declared)
             if length > self.max_bytes:
@@ -274,12 +271,11 @@ class InferenceGateway:
         status = 500
         try:
             if body is None:
-                body = await self._read_body(receive)
-                if body is None:
-                    return status  # the client left before its body was in: nobody to answer
-                if len(body) > self.max_bytes:
-                    status = await _send_error(send, self._too_large(), id_header)
+                body_or_status = await self._bounded_body(receive, send, id_header)
+                if isinstance(body_or_status, int):
+                    status = body_or_status
                     return status
+                body = body_or_status
             if name is not None:
                 scope["path_params"] = {"name": name}
             request = Request(scope, receive)
@@ -287,13 +283,23 @@ class InferenceGateway:
             try:
                 response = await endpoint(request)
             except Exception as exc:
-                response = await _error_response(request, exc)
+                response = await http_errors.error_response_for(request, exc)
             response.raw_headers.append(id_header)
             status = response.status_code
             await response(scope, receive, send)
             return status
         finally:
             admission.leave(completed=200 <= status < 300)
+
+    async def _bounded_body(self, receive: Callable, send: Callable, id_header: tuple[bytes, bytes]) -> bytes | int:
+        """The body; or, where there is none to serve, the status of what happened: 413 answered (over the limit),
+        500 where the client left before its body was in (nobody to answer)."""
+        body = await self._read_body(receive)
+        if body is None:
+            return 500
+        if len(body) > self.max_bytes:
+            return await _send_error(send, self._too_large(), id_header)
+        return body
 
     async def _read_body(self, receive: Callable) -> bytes | None:
         """The whole body, reading no more than one message past the limit; None where the client left first."""
@@ -315,17 +321,6 @@ class InferenceGateway:
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes")
-
-
-async def _error_response(request: Request, exc: Exception) -> Response:
-    """The response FastAPI's handlers (service.frontend.http.errors) give the error."""
-    if isinstance(exc, ServiceError):
-        return await http_errors.service_error(request, exc)
-    if isinstance(exc, RequestValidationError):
-        return await http_errors.validation_error(request, exc)
-    if isinstance(exc, StarletteHTTPException):
-        return await http_errors.http_error(request, exc)
-    return await http_errors.unexpected_error(request, exc)
 
 
 async def _send_error(send: Callable, exc: ServiceError, id_header: tuple[bytes, bytes]) -> int:
