@@ -20,6 +20,8 @@ import uuid
 from contextvars import ContextVar
 from datetime import UTC, datetime
 
+from opentelemetry import trace
+
 REQUEST_ID: ContextVar[str | None] = ContextVar("bertserve_request_id", default=None)
 REQUEST_ID_HEADER = b"x-request-id"
 # Kept in the request's ASGI scope for the HTTP protocol, which may answer a request itself (a body that does not
@@ -29,6 +31,10 @@ SCOPE_STATUS = "bertserve.status"
 MAX_REQUEST_ID_CHARS = 128
 _SANE_ID = re.compile(rb"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+# With traces on (--otlp-endpoint): the trace and span the line was logged in ("-" outside a sampled one)
+TRACED_TEXT_FORMAT = (
+    "%(asctime)s %(levelname)s %(name)s [%(request_id)s trace_id=%(trace_id)s span_id=%(span_id)s]: %(message)s"
+)
 access_log = logging.getLogger("service.access")
 
 
@@ -42,11 +48,22 @@ def request_id_from(raw: bytes | None) -> str:
 
 
 class RequestIdFilter(logging.Filter):
-    """Gives every record the id of the request it was logged for ("-" outside a request)."""
+    """Gives every record the id of the request it was logged for ("-" outside a request); with `traced`, the ids of
+    the trace and span it was logged in too ("-" outside a sampled span), as OpenTelemetry's log records name them."""
+
+    def __init__(self, traced: bool = False) -> None:
+        super().__init__()
+        self.traced = traced
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
             record.request_id = REQUEST_ID.get() or "-"
+        if self.traced and not hasattr(record, "trace_id"):
+            context = trace.get_current_span().get_span_context()
+            if context.is_valid and context.trace_flags.sampled:
+                record.trace_id, record.span_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
+            else:
+                record.trace_id = record.span_id = "-"
         return True
 
 
@@ -54,8 +71,8 @@ class TextFormatter(logging.Formatter):
     """TEXT_FORMAT, its time as logging's default writes it ("2026-11-26 22:36:13,123"), the seconds' part made once
     a second rather than by `time.strftime` for every line (a line a request, under load)."""
 
-    def __init__(self) -> None:
-        super().__init__(TEXT_FORMAT)
+    def __init__(self, traced: bool = False) -> None:
+        super().__init__(TRACED_TEXT_FORMAT if traced else TEXT_FORMAT)
         self._second: int | None = None
         self._second_text = ""
 
@@ -68,7 +85,8 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonAccessFormatter(logging.Formatter):
-    """One JSON object a line: ts, level, request_id, method, path, status, duration_ms, client, model."""
+    """One JSON object a line: ts, level, request_id, method, path, status, duration_ms, client, model; with traces
+    on, trace_id and span_id (null outside a sampled span)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -77,22 +95,28 @@ class JsonAccessFormatter(logging.Formatter):
             "request_id": getattr(record, "request_id", None),
             **getattr(record, "access", {}),
         }
+        trace_id = getattr(record, "trace_id", None)
+        if trace_id is not None:
+            entry["trace_id"] = None if trace_id == "-" else trace_id
+            span_id = getattr(record, "span_id", "-")
+            entry["span_id"] = None if span_id == "-" else span_id
         return json.dumps(entry, ensure_ascii=True)
 
 
-def configure_logging(level: str, access: str) -> None:
+def configure_logging(level: str, access: str, traced: bool = False) -> None:
     """One handler (stderr) for every logger, uvicorn's included (it is started with log_config=None); the access
-    log through it (text) or through its own JSON handler (json), or off."""
+    log through it (text) or through its own JSON handler (json), or off. `traced` (traces on): each line names the
+    trace and span it was logged in."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(RequestIdFilter())
-    handler.setFormatter(TextFormatter())
+    handler.addFilter(RequestIdFilter(traced))
+    handler.setFormatter(TextFormatter(traced))
     _replace_handler(logging.getLogger(), handler)
     logging.getLogger().setLevel(level.upper())
     access_log.disabled = access == "off"
     access_log.setLevel(logging.INFO)
     if access == "json":
         json_handler = logging.StreamHandler(sys.stderr)
-        json_handler.addFilter(RequestIdFilter())
+        json_handler.addFilter(RequestIdFilter(traced))
         json_handler.setFormatter(JsonAccessFormatter())
         _replace_handler(access_log, json_handler)
         access_log.propagate = False

@@ -95,6 +95,14 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.trace_spans_dropped = Counter(
+            "bertserve_trace_spans_dropped",
+            "Trace spans lost on the way to the collector (--otlp-endpoint), by reason: queue_full (more spans than "
+            "--otlp-max-queue-spans waited for export), export_failed (the collector refused them or could not be "
+            "reached). Requests are never held up for traces.",
+            ["reason"],
+            registry=r,
+        )
         self.admission_share = Gauge(
             "bertserve_admission_share",
             "Share of its usual work a front-end's door admits now (1: all; less after admitted answers took longer "
@@ -180,6 +188,10 @@ class Metrics:
     def exposition(self) -> bytes:
         directory = os.environ.get(MULTIPROCESS_DIR)
         return merged_exposition(directory) if directory else generate_latest(self.registry)
+
+    def count_dropped_spans(self, reason: str, spans: int) -> None:
+        """Trace spans lost on the way to the collector (`service.tracing`, from its export thread)."""
+        self.trace_spans_dropped.labels(reason).inc(spans)
 
     def observer(self, model: str, streams: int = 1) -> ModelObserver:
         return ModelObserver(self, model, streams)

@@ -271,6 +271,36 @@ class Settings(BaseSettings):
         description="one line per request: text, JSON (ts, level, request_id, method, path, status, duration_ms, "
         "client, model) or off",
     )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OpenTelemetry traces: the collector's OTLP URL (http://collector:4317 for gRPC, "
+        "http://collector:4318/v1/traces for HTTP/protobuf; https for TLS); unset: no traces",
+    )
+    otlp_protocol: Literal["auto", "grpc", "http/protobuf"] = Field(
+        "auto",
+        description="OTLP over grpc or http/protobuf; auto: HTTP where the endpoint's path ends in /v1/traces or its "
+        "port is 4318, else gRPC",
+    )
+    otlp_service_name: str = Field(
+        "bertserve", min_length=1, max_length=256, description="the traces' service.name (the resource's)"
+    )
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="share of the traces that start here which are recorded (a client's sampled traceparent is "
+        "always continued, an unsampled one never)",
+    )
+    otlp_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="longest wait for the collector per export (a thread's, never a request's)"
+    )
+    otlp_max_queue_spans: int = Field(
+        2048,
+        ge=64,
+        le=1_000_000,
+        description="spans waiting for export at most; past it spans are dropped and counted "
+        "(bertserve_trace_spans_dropped_total)",
+    )
 
     @field_validator("api_keys", "cors_allow_origins", "devices", "model", mode="before")
     @classmethod
@@ -280,6 +310,15 @@ class Settings(BaseSettings):
             text = value.strip()
             return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",")]
         return value
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, endpoint: str | None) -> str | None:
+        if endpoint is None or not endpoint.strip():
+            return None
+        if not OTLP_URL.fullmatch(endpoint.strip()):
+            raise ValueError(f"{endpoint[:200]!r} is not an OTLP URL: http(s)://host[:port][/path]")
+        return endpoint.strip()
 
     @field_validator("device")
     @classmethod
@@ -428,7 +467,7 @@ class Settings(BaseSettings):
         id of the request it was logged for (`service.logs`), and the access log is set up as chosen."""
         from service.logs import configure_logging
 
-        configure_logging(self.log_level, self.access_log)
+        configure_logging(self.log_level, self.access_log, traced=self.otlp_endpoint is not None)
 
     @property
     def admission_cold_requests(self) -> int:
@@ -456,6 +495,7 @@ MIN_KEY_CHARS = 16
 MAX_KEY_CHARS = 4096
 NEW_KEY_COMMAND = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 ORIGIN = re.compile(r"https?://[^/\s,]+")
+OTLP_URL = re.compile(r"https?://[^/\s?#]+(/[^\s?#]*)?")
 DEVICE = re.compile(r"cpu|cuda|auto|cuda:\d{1,2}")
 MAX_DEVICE = 63
 

@@ -18,6 +18,9 @@
 - `streams` batches run at once (default 1). On a CPU, two streams with half the threads each keep both cores in
   arithmetic where one small batch on two threads spends much of its time handing each operator's halves out and
   waiting for them; the runner must be safe to call from several threads (onnxruntime sessions are).
+- Traces (`service.tracing`): for each request whose ticket carries a sampled span, its time here is two kinds of
+  child spans of that span, `queue` (queued until its first batch ran) and `inference` (each batch it had rows in,
+  linked to the batch's span); each batch is one `batch` span, linked to every traced request it served.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from opentelemetry.trace import Link, Span, StatusCode
+
+from service import tracing
 from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 from service.wire.ticket import Ticket
 
@@ -72,13 +78,14 @@ class _Request:
     Cheaper than a future per row plus gather and wait_for: at thousands of requests a second that is the
     engine's event loop."""
 
-    __slots__ = ("future", "outputs", "remaining", "timer")
+    __slots__ = ("future", "outputs", "queued_ns", "remaining", "timer")
 
     def __init__(self, future: asyncio.Future, rows: int) -> None:
         self.future = future
         self.outputs: list[Any] = [None] * rows
         self.remaining = rows
         self.timer: asyncio.TimerHandle | None = None  # the deadline's; cancelled once answered
+        self.queued_ns = 0  # traced requests: when queued (time.time_ns()), until its queue span is made; then 0
 
     def done(self) -> bool:
         return self.future.done()
@@ -135,6 +142,7 @@ class Batcher:
         prepare: Callable[[list[Any]], Any] | None = None,
         padded_cost: Callable[[int, int], int] | None = None,
         streams: int = 1,
+        trace_attributes: dict[str, Any] | None = None,
     ) -> None:
         if streams < 1:
             raise ValueError(f"streams must be at least 1, not {streams}")
@@ -168,6 +176,7 @@ class Batcher:
         self._lead_s = 0.0
         self._last_ended: float | None = None
         self._depth_reported_at = -math.inf
+        self._trace_attributes = {"bertserve.model": name, **(trace_attributes or {})}  # every batch span's
 
     async def run_on_worker(self, work: Callable[[], Any]) -> Any:
         """Run `work` on a thread that runs the batches (warm-up must happen there: CUDA caches are per thread; CUDA
@@ -235,6 +244,8 @@ class Batcher:
                 retry_after_s=max(1, min(30, math.ceil(wait - self.max_queue_s))),
             )
         request = _Request(loop.create_future(), len(rows))
+        if ticket.trace is not None:
+            request.queued_ns = time.time_ns()
         now = time.monotonic()
         items = [_Item(row, len(row), ticket, request, index, now) for index, row in enumerate(rows)]
         self._pending.extend(items)
@@ -506,6 +517,50 @@ class Batcher:
             width = max(item.length for item in batch)
             real = sum(item.length for item in batch)
             self._observer.on_batch(len(batch), self._padded_cost(len(batch), width), real, seconds)
+        if tracing.ENABLED:
+            self._trace(batch, run)
+
+    def _trace(self, batch: list[_Item], run: _DeviceRun) -> None:
+        """The batch's span, linked to each traced request it served, and those requests' queue and inference
+        spans (after the answers are queued: they do not wait for this)."""
+        traced: dict[int, list[Any]] = {}  # id(request) -> [request, its span, its rows in this batch]
+        for item in batch:
+            if item.ticket.trace is not None:
+                entry = traced.get(id(item.request))
+                if entry is None:
+                    traced[id(item.request)] = [item.request, item.ticket.trace, 1]
+                else:
+                    entry[2] += 1
+        if not traced:
+            return
+        offset_ns = time.time_ns() - time.monotonic_ns()  # the device's monotonic times as wall-clock ones
+        start_ns = int(run.started * 1e9) + offset_ns
+        end_ns = start_ns + int(run.seconds * 1e9)
+        width = max(item.length for item in batch)
+        attributes = {
+            **self._trace_attributes,
+            "bertserve.batch.rows": len(batch),
+            "bertserve.batch.tokens": sum(item.length for item in batch),
+            "bertserve.batch.width": width,
+            "bertserve.batch.padded_tokens": self._padded_cost(len(batch), width),
+            "bertserve.batch.requests": len({id(item.request) for item in batch}),
+        }
+        links = [Link(context) for _, context, _ in traced.values()]
+        batch_span = tracing.start_span("batch", attributes=attributes, start_ns=start_ns, links=links)
+        _failed(batch_span, run.error)
+        batch_span.end(end_ns)
+        to_batch = [Link(batch_span.get_span_context())]
+        for request, context, rows in traced.values():
+            if request.queued_ns:
+                queue = tracing.start_span(
+                    "queue", context, attributes={"bertserve.rows": len(request.outputs)}, start_ns=request.queued_ns
+                )
+                queue.end(max(start_ns, request.queued_ns))
+                request.queued_ns = 0
+            share = {"bertserve.rows": rows, "bertserve.batch.rows": len(batch)}
+            inference = tracing.start_span("inference", context, attributes=share, start_ns=start_ns, links=to_batch)
+            _failed(inference, run.error)
+            inference.end(end_ns)
 
     def _learn_cost(self, seconds: float, real_tokens: int) -> None:
         """Running average of seconds per real token (padding included in the cost), weighted by batch size, so
@@ -534,6 +589,12 @@ class Batcher:
         self._depth_reported_at = time.monotonic()
         if self._observer is not None:
             self._observer.on_queue_depth(len(self._pending))
+
+
+def _failed(span: Span, error: BaseException | None) -> None:
+    if error is not None:
+        span.set_attribute("error.type", type(error).__name__)
+        span.set_status(StatusCode.ERROR, "inference failed")
 
 
 def _ids(batch: list[_Item]) -> str:

@@ -157,10 +157,10 @@ class EngineCore:
     def start(self) -> None:
         for model in self.models.values():
             if model.current is not None and model.current.batcher is None:
-                model.current.batcher = self._batcher(model.name, model.current.runtime)
+                model.current.batcher = self._batcher(model.name, model.current.runtime, model.current.version)
                 model.current.batcher.start()
 
-    def _batcher(self, name: str, runtime: ModelRuntime) -> Batcher:
+    def _batcher(self, name: str, runtime: ModelRuntime, version: str) -> Batcher:
         return Batcher(
             name,
             runtime.execute,
@@ -174,6 +174,11 @@ class EngineCore:
             max_padding_ratio=self._padding_ratio(runtime),
             observer=self.metrics.observer(name, runtime.streams),
             streams=runtime.streams,
+            trace_attributes={
+                "bertserve.model.version": version,
+                "bertserve.provider": runtime.provider,
+                "bertserve.variant": runtime.variant,
+            },
         )
 
     def _padding_ratio(self, runtime: ModelRuntime) -> float:
@@ -275,7 +280,7 @@ class EngineCore:
             try:
                 runtime = await asyncio.to_thread(self._runtime, entry, version)
                 generation = Generation(version, runtime, started)
-                generation.batcher = self._batcher(name, runtime)
+                generation.batcher = self._batcher(name, runtime, version)
                 generation.batcher.start()
                 await self._warm(name, generation)
             except Exception as exc:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bertcore.rows import Row
-from service import probes
+from service import probes, tracing
 from service.engine.core import EngineCore
 from service.errors import InferenceFailed, ServiceError, StartupError
 from service.logs import REQUEST_ID
@@ -137,6 +137,8 @@ class EngineServer:
         """Queue an infer frame's rows; the answer is written from the future's done callback (`_answer`)."""
         request_id = int(header["id"])
         ticket = Ticket.with_timeout(float(header["timeout"]), header.get("request_id"))
+        if (trace := header.get("trace")) is not None:
+            ticket.trace = tracing.remote_context(*trace)
         try:
             lengths = header["lengths"]
             ids = frames.split_rows(arrays["input_ids"], lengths)
@@ -199,7 +201,9 @@ async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -
     """Load, listen on `path`, warm up, serve until SIGTERM; with `heartbeat`, keep writing there whether this
     event loop runs and the device is stuck (for the launcher, which restarts a stuck engine)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    core = EngineCore(settings, Metrics())
+    metrics = Metrics()
+    tracing.configure(settings, "engine", metrics.count_dropped_spans)
+    core = EngineCore(settings, metrics)
     core.load()
     core.start()
     garbage_collector.settle()
@@ -224,6 +228,7 @@ async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -
         task.cancel()
     await asyncio.gather(*background, return_exceptions=True)
     await server.stop()
+    tracing.shutdown()
 
 
 async def _warm_up_then_poll(core: EngineCore) -> None:

@@ -195,7 +195,9 @@ class RemoteEngine:
         lengths = [len(row) for row in rows]
         arrays = frames.pack_rows([row.input_ids for row in rows], [row.token_type_ids for row in rows])
         timeout = ticket.deadline - time.monotonic()
-        writer.write(frames.encode_infer(request_id, model, timeout, lengths, ticket.request_id, arrays))
+        trace = ticket.trace
+        carried = None if trace is None else (trace.trace_id, trace.span_id, int(trace.trace_flags))
+        writer.write(frames.encode_infer(request_id, model, timeout, lengths, ticket.request_id, arrays, carried))
         ticket.on_cancel.append(lambda: self._cancel(request_id))
         # A timer on the future itself, not asyncio.wait_for (a second future and its callbacks per request)
         timer = loop.call_later(timeout + REPLY_GRACE_S, _expire, future)

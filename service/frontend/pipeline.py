@@ -13,6 +13,7 @@ from bertcore.model_config import EmbeddingSpec
 from bertcore.rows import Row
 from bertcore.tasks import classification, embedding, ner, qa
 from bertcore.tasks.errors import TaskInputError
+from service import tracing
 from service.errors import InvalidInput, WrongTask, unpaired_surrogate
 from service.frontend.engine_client import Engine
 from service.frontend.registry import SELF_TEST, ModelRegistry, ServedModel
@@ -99,9 +100,11 @@ class RequestPipeline:
         self.check_count(len(inputs))
         outputs, timings = await self._classify_rows(model, inputs, _classify_texts(inputs), ticket)
         labels, problem_type = model.labels, model.config.problem_type if model.config else None
-        results = [
-            classification.postprocess(out["logits"], labels, problem_type, top_k, function_to_apply) for out in outputs
-        ]
+        with tracing.span("postprocess"):
+            results = [
+                classification.postprocess(out["logits"], labels, problem_type, top_k, function_to_apply)
+                for out in outputs
+            ]
         return results, timings
 
     async def rerank(
@@ -128,7 +131,9 @@ class RequestPipeline:
             )
         pairs: list[classification.TextInput] = [(query, document) for document in documents]
         outputs, timings = await self._classify_rows(model, pairs, texts, ticket)
-        return [float(classification.scores(out["logits"], None, "sigmoid")[0]) for out in outputs], timings
+        with tracing.span("postprocess"):
+            scores = [float(classification.scores(out["logits"], None, "sigmoid")[0]) for out in outputs]
+        return scores, timings
 
     async def embed(
         self,
@@ -164,7 +169,9 @@ class RequestPipeline:
             lambda cut: embedding.prepare(tokenizer, inputs, model.max_length, cut, field if names is None else where),
             truncate,
         )
-        return [embedding.postprocess(out[embedding.OUTPUT], normalize, dimensions) for out in outputs], timings
+        with tracing.span("postprocess"):
+            vectors = [embedding.postprocess(out[embedding.OUTPUT], normalize, dimensions) for out in outputs]
+        return vectors, timings
 
     async def _classify_rows(
         self, model: ServedModel, inputs: list[classification.TextInput], texts: list[tuple[str, str]], ticket: Ticket
@@ -245,7 +252,8 @@ class RequestPipeline:
                 for text, f, outs in zip(texts, features, per_input, strict=True)
             ]
 
-        return await self._checked(post, inline=small), timings
+        with tracing.span("postprocess"):
+            return await self._checked(post, inline=small), timings
 
     async def qa(
         self, name: str, pairs: list[tuple[str, str]], options: dict[str, Any], ticket: Ticket
@@ -282,7 +290,8 @@ class RequestPipeline:
                 for (q, c), f, outs in zip(pairs, features, per_input, strict=True)
             ]
 
-        return await self._checked(post, inline=small), timings
+        with tracing.span("postprocess"):
+            return await self._checked(post, inline=small), timings
 
     async def self_test(self, model: ServedModel) -> None:
         """One real request through the whole path before the model (a version of it) serves; a ServiceError (or
@@ -305,7 +314,8 @@ class RequestPipeline:
     async def _off_loop(self, timings: Timings, work: Callable[[], T], inline: bool = False) -> T:
         """Tokenize on the pool; small work (`inline`) right here, where a thread hop would cost more than it."""
         started = time.perf_counter()
-        result = await self._checked(work, inline)
+        with tracing.span("tokenize"):
+            result = await self._checked(work, inline)
         timings.tokenization_s = time.perf_counter() - started
         return result
 
@@ -325,7 +335,11 @@ class RequestPipeline:
         ticket.charge(tokens)
         self.memory.begin()
         try:
-            outputs = await self.engine.infer(model.target, rows, ticket)
+            with tracing.span("engine", {"bertserve.model": model.name, "bertserve.rows": len(rows)}) as span:
+                if span.is_recording():
+                    span.set_attribute("bertserve.tokens", tokens)
+                    ticket.trace = tracing.current_context()  # the engine's spans of these rows: this span's
+                outputs = await self.engine.infer(model.target, rows, ticket)
         finally:
             self.memory.end(large=tokens >= self.settings.release_memory_min_tokens)
         timings.queue_s = ticket.queue_seconds

@@ -9,8 +9,10 @@ logits travel as arrays, never as per-token Python objects.
   CPU per 1-input request. They decode to the same header dicts as JSON would, and carry exactly the fields below.
 
 Front-end -> engine:
-  {"op": "infer", "id": N, "model": NAME, "timeout": SECONDS, "lengths": [...], "request_id": TEXT | None}
-      + input_ids, token_type_ids (every row's tokens concatenated; `lengths` cuts them apart)
+  {"op": "infer", "id": N, "model": NAME, "timeout": SECONDS, "lengths": [...], "request_id": TEXT | None,
+   "trace": [TRACE_ID, SPAN_ID, FLAGS] | None}
+      + input_ids, token_type_ids (every row's tokens concatenated; `lengths` cuts them apart); `trace`: the
+      request's span (sampled) that its time in the engine belongs to, as W3C trace context's three fields
   {"op": "cancel", "id": N}   the client went away: drop the rows not run yet
   {"op": "use", "model": NAME, "versions": [...]}   the versions of a model this front-end still uses: the one it
       serves and older ones its requests in flight hold (the engine closes a version no front-end uses)
@@ -47,8 +49,10 @@ PREFIX = struct.Struct("!BII")
 JSON, INFER, RESULT = 0, 1, 2
 MAX_HEADER = 16 * 1024 * 1024
 MAX_BODY = 1024 * 1024 * 1024
-INFER_HEAD = struct.Struct("!QdIHH")  # id, timeout, rows, model name bytes, request id bytes (NO_REQUEST_ID: none);
-# then the model name, the request id and the rows' lengths; the body: input ids, then token types
+INFER_HEAD = struct.Struct("!QdIHH?")  # id, timeout, rows, model name bytes, request id bytes (NO_REQUEST_ID: none),
+# traced; then the model name, the request id, the trace context (TRACE, where traced) and the rows' lengths; the body:
+# input ids, then token types
+TRACE = struct.Struct("!QQQB")  # trace id (high, low 64 bits), span id, flags
 RESULT_HEAD = struct.Struct("!QddI?")  # id, queue_s, inference_s, inference_calls, per_token
 ARRAY_HEAD = struct.Struct("!BBB")  # name bytes, dtype bytes, dimensions; then name, dtype and `!Q` per dimension
 NO_REQUEST_ID = 0xFFFF
@@ -75,6 +79,7 @@ def encode(header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) 
             header["lengths"],
             header.get("request_id"),
             arrays,
+            header.get("trace"),
         )
     if op == "result":
         timings = header.get("timings", {})
@@ -98,13 +103,17 @@ def encode_infer(
     lengths: list[int],
     http_request_id: str | None,
     arrays: dict[str, np.ndarray],
+    trace: Sequence[int] | None = None,
 ) -> bytes:
     """The rows as `pack_rows` gives them: the body is every row's input ids (int32), then their token types
     (uint8), so the head describes no arrays."""
     name = _short(model.encode(), "model name")
     rid = b"" if http_request_id is None else _short(http_request_id.encode(), "request id")
     rid_bytes = NO_REQUEST_ID if http_request_id is None else len(rid)
-    head = INFER_HEAD.pack(request_id, timeout, len(lengths), len(name), rid_bytes)
+    head = INFER_HEAD.pack(request_id, timeout, len(lengths), len(name), rid_bytes, trace is not None)
+    if trace is not None:
+        trace_id, span_id, flags = trace
+        rid += TRACE.pack(trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF, span_id, flags)
     ids = np.ascontiguousarray(arrays["input_ids"], INFER_IDS)
     types = np.ascontiguousarray(arrays["token_type_ids"], INFER_TYPES)
     total = sum(lengths)
@@ -201,7 +210,7 @@ def _decode_json(data: bytes, head_length: int) -> Frame:
 
 
 def _decode_infer(data: bytes, head_length: int) -> Frame:
-    request_id, timeout, rows, name_bytes, rid_bytes = INFER_HEAD.unpack_from(data)
+    request_id, timeout, rows, name_bytes, rid_bytes, traced = INFER_HEAD.unpack_from(data)
     at = INFER_HEAD.size
     model = data[at : at + name_bytes].decode()
     at += name_bytes
@@ -209,6 +218,11 @@ def _decode_infer(data: bytes, head_length: int) -> Frame:
     if rid_bytes != NO_REQUEST_ID:
         http_request_id = data[at : at + rid_bytes].decode()
         at += rid_bytes
+    trace = None
+    if traced:
+        high, low, span_id, flags = TRACE.unpack_from(data, at)
+        trace = [high << 64 | low, span_id, flags]
+        at += TRACE.size
     lengths = np.frombuffer(data, LENGTHS, rows, at).tolist()
     total = sum(lengths)
     if at + 4 * rows != head_length or len(data) != head_length + 5 * total:
@@ -224,6 +238,7 @@ def _decode_infer(data: bytes, head_length: int) -> Frame:
         "timeout": timeout,
         "lengths": lengths,
         "request_id": http_request_id,
+        "trace": trace,
     }
     return Frame(header, arrays)
 

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import SpanContext
+
 
 @dataclass(eq=False)
 class Ticket:
@@ -22,6 +24,9 @@ class Ticket:
     on_done: list[Callable[[], None]] = field(default_factory=list)  # at `done()`: the request is over
     on_charge: list[Callable[[int], None]] = field(default_factory=list)  # told the request's tokens, once known
     request_id: str | None = None  # the HTTP request's x-request-id, for the log lines about its rows
+    # Traces on and the request sampled: the span its time in the engine belongs to (its queue, its share of each
+    # batch): an OpenTelemetry SpanContext, remote in an engine process
+    trace: SpanContext | None = None
 
     @classmethod
     def with_timeout(cls, seconds: float, request_id: str | None = None) -> Ticket:

@@ -25,7 +25,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from service import tracing
 from service.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -39,7 +41,7 @@ from service.errors import (
 from service.frontend import open_inference as oip
 from service.frontend.grpc import health
 from service.frontend.grpc import inference_pb2 as pb
-from service.frontend.grpc.status import code_of
+from service.frontend.grpc.status import code_for_status, code_of
 from service.frontend.http.admission import estimate_tokens
 from service.frontend.http.auth import ApiKeys
 from service.frontend.http.state import ServerState
@@ -174,8 +176,13 @@ class Call:
         raw_id = metadata.get("x-request-id")
         request_id = request_id_from(raw_id.encode("latin-1", "replace") if isinstance(raw_id, str) else raw_id)
         REQUEST_ID.set(request_id)  # the call has a task of its own
-        await context.send_initial_metadata((("x-request-id", request_id),))
+        span = self._span(metadata, context) if tracing.ENABLED else None
+        initial: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
+        if span is not None:
+            initial += (("traceparent", tracing.traceparent(span.span.get_span_context())),)
+        await context.send_initial_metadata(initial)
         status = 500
+        error_type: str | None = None
         try:
             if self.needs_key:
                 self._authorize(metadata.get("authorization"))
@@ -183,19 +190,43 @@ class Call:
             status = 200
             return response
         except ServiceError as exc:
-            status = exc.status_code
+            status, error_type = exc.status_code, type(exc).__name__
             trailing = tuple((name.lower(), value) for name, value in exc.headers.items() if name == "Retry-After")
             await context.abort(code_of(exc), exc.message, trailing_metadata=trailing)
         except asyncio.CancelledError:
             status = 504 if (context.time_remaining() or 1.0) <= 0 else CLIENT_CLOSED
+            error_type = "DeadlineExceeded" if status == 504 else "Cancelled"
             raise
         except Exception as exc:
             if isinstance(exc, grpc.aio.AbortError):
                 raise
+            status, error_type = 500, type(exc).__name__
             log.error("unexpected error in %s", self.path, exc_info=exc)
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
         finally:
             self._record(request, context, status, time.perf_counter() - started, request_id)
+            if span is not None:
+                self._end(span, status, error_type)
+
+    def _span(self, metadata: dict[str, Any], context: grpc.aio.ServicerContext) -> tracing.CurrentSpan | None:
+        """The call's server span (the RPC conventions' name and attributes), child of the client's traceparent
+        metadata where it sends one; None where not sampled."""
+        attributes: dict[str, Any] = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": self.name}
+        if (client := _client(context.peer())) is not None:
+            attributes["client.address"], attributes["client.port"] = client
+        parent = tracing.parse_traceparent(metadata.get("traceparent"))
+        span = tracing.start_span(f"{SERVICE}/{self.name}", parent, SpanKind.SERVER, attributes)
+        return tracing.CurrentSpan(span) if span.is_recording() else None
+
+    @staticmethod
+    def _end(span: tracing.CurrentSpan, status: int, error_type: str | None) -> None:
+        code = grpc.StatusCode.OK if status == 200 else code_for_status(status)
+        span.span.set_attribute("rpc.grpc.status_code", code.value[0])
+        if error_type is not None:
+            span.span.set_attribute("error.type", error_type)
+            if status >= 500:  # the server's fault, as the RPC conventions count errors of a server span
+                span.span.set_status(Status(StatusCode.ERROR, error_type))
+        span.end()
 
     def _authorize(self, header: str | bytes | None) -> None:
         if header is None:

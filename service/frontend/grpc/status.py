@@ -27,3 +27,8 @@ CODE_OF_STATUS = {
 
 def code_of(error: ServiceError) -> grpc.StatusCode:
     return CODE_OF_STATUS.get(error.status_code, grpc.StatusCode.UNKNOWN)
+
+
+def code_for_status(status: int) -> grpc.StatusCode:
+    """The code of an answer's HTTP-equivalent status (499: the client cancelled)."""
+    return grpc.StatusCode.CANCELLED if status == 499 else CODE_OF_STATUS.get(status, grpc.StatusCode.UNKNOWN)

@@ -15,6 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp
 
 from bertcore.version import __version__
+from service import tracing
 from service.frontend.grpc.server import GrpcServer
 from service.frontend.http import hf_tasks, open_inference, openai_api, rerank
 from service.frontend.http.auth import ApiKeys, AuthMiddleware, open_paths
@@ -104,6 +105,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         server.load()  # done already where `python -m service` started it; StartupError: uvicorn exits non-zero
+        tracing.configure(settings, "frontend" if engine_socket else "server", server.metrics.count_dropped_spans)
         probes = None
         if settings.probe_port:
             sock = shared_port_socket(settings.host, settings.probe_port)
@@ -133,6 +135,7 @@ def create_app(
                 probes.stop()
             await server.engine.stop()
             server.executor.shutdown(wait=False, cancel_futures=True)
+            tracing.shutdown()
 
     app = BertServeApp(
         title="bertserve",

@@ -18,10 +18,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import ServiceError, unpaired_surrogate
 from service.frontend.http import schemas
+from service.frontend.http.traces import SCOPE_ERROR_TYPE
 
 log = logging.getLogger("service.http")
 INVALID_JSON = "the request body is not valid JSON (UTF-8)"
 EMPTY_BODY = "the request body is empty: a JSON object is required"
+Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
 STARLETTE_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
@@ -59,12 +61,23 @@ async def send_error(
 
 def install_error_handlers(app: FastAPI) -> None:
     for kind, handler in HANDLERS:
-        app.add_exception_handler(kind, handler)
+        app.add_exception_handler(kind, _noting_type(handler))
+
+
+def _noting_type(handler: Handler) -> Handler:
+    """The handler, with the error's type noted in the request's scope first (for its span: `traces`)."""
+
+    async def noted(request: Request, exc: Exception) -> JSONResponse:
+        request.scope[SCOPE_ERROR_TYPE] = type(exc).__name__
+        return await handler(request, exc)
+
+    return noted
 
 
 async def error_response_for(request: Request, exc: Exception) -> JSONResponse:
     """The response the handler of `exc` gives, for code that calls an endpoint outside FastAPI's handlers (the
     gateway): the first of HANDLERS whose type `exc` is, as FastAPI picks the most specific."""
+    request.scope[SCOPE_ERROR_TYPE] = type(exc).__name__
     handler = next(handler for kind, handler in HANDLERS if isinstance(exc, kind))
     return await handler(request, exc)
 
@@ -154,7 +167,7 @@ async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 # Every error's handler, most specific first: FastAPI's (install_error_handlers) and the gateway's (error_response_for)
-HANDLERS: tuple[tuple[type[Exception], Callable[[Request, Exception], Awaitable[JSONResponse]]], ...] = (
+HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
     (ServiceError, service_error),
     (RequestValidationError, validation_error),
     (StarletteHTTPException, http_error),

@@ -30,8 +30,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service import tracing
 from service.errors import Overloaded, PayloadTooLarge, ServiceError, UnsupportedMediaType
 from service.frontend.http import errors as http_errors
+from service.frontend.http import traces
 from service.frontend.http.admission import SCOPE_ADMISSION, AdmissionGate, estimate_tokens
 from service.frontend.http.auth import ApiKeys, bearer_token, unauthorized
 from service.frontend.http.middleware import OPENAI_EMBEDDINGS_PATH, SCOPE_MODEL, endpoint_label, json_only_refusal
@@ -195,20 +197,20 @@ class InferenceGateway:
         request_id = scope.get(SCOPE_REQUEST_ID) or request_id_from(given_id)
         REQUEST_ID.set(request_id)  # not reset: uvicorn's own lines about the request come after this returns
         scope[SCOPE_REQUEST_ID] = request_id
-        id_header = (REQUEST_ID_HEADER, request_id.encode("ascii"))
+        headers = [(REQUEST_ID_HEADER, request_id.encode("ascii"))]  # on every answer
+        span = traces.start(scope, traces.route_of(scope["path"], name)) if tracing.ENABLED else None
+        if span is not None:
+            headers.append(span.header())
         status = 500
         try:
-            status = await self._checked(scope, receive, send, endpoint, name, declared, id_header)
+            status = await self._checked(scope, receive, send, endpoint, name, declared, headers)
         finally:
+            status = scope.get(SCOPE_STATUS, status)
             if access_log.isEnabledFor(logging.INFO):
-                log_access(
-                    request_id,
-                    "POST",
-                    scope["path"],
-                    scope.get(SCOPE_STATUS, status),
-                    time.perf_counter() - started,
-                    scope.get("client"),
-                )
+                seconds = time.perf_counter() - started
+                log_access(request_id, "POST", scope["path"], status, seconds, scope.get("client"))
+            if span is not None:
+                span.finish(status, scope.get(traces.SCOPE_ERROR_TYPE))
 
     async def _checked(
         self,
@@ -218,28 +220,28 @@ class InferenceGateway:
         endpoint: Endpoint,
         name: str | None,
         declared: bytes | None,
-        id_header: tuple[bytes, bytes],
+        headers: list[tuple[bytes, bytes]],
     ) -> int:
         """The API key and the body's declared size, then the counted part; the response's status."""
         if self.keys is not None:
             token = bearer_token(scope)
             if token is None or not self.keys.verify(token):
-                return await _send_error(send, unauthorized(token), id_header)
+                return await _send_error(scope, send, unauthorized(token), headers)
         body: bytes | None = None
         length: int | None = None
         if declared is None:  # chunked (or no body): read it first, bounded, so that too much is a 413
-            body_or_status = await self._bounded_body(receive, send, id_header)
+            body_or_status = await self._bounded_body(scope, receive, send, headers)
             if isinstance(body_or_status, int):
                 return body_or_status
             body = body_or_status
         elif declared.isdigit():
             length = int(declared)
             if length > self.max_bytes:
-                return await _send_error(send, self._too_large(), id_header)
+                return await _send_error(scope, send, self._too_large(), headers)
         started = time.perf_counter()
         status = 500
         try:
-            status = await self._counted(scope, receive, send, endpoint, name, length, body, id_header)
+            status = await self._counted(scope, receive, send, endpoint, name, length, body, headers)
             return status
         finally:
             path_model = scope.get(SCOPE_MODEL) if name is None else name
@@ -258,20 +260,23 @@ class InferenceGateway:
         name: str | None,
         length: int | None,
         body: bytes | None,
-        id_header: tuple[bytes, bytes],
+        headers: list[tuple[bytes, bytes]],
     ) -> int:
         refusal = json_only_refusal(scope)
         if refusal is not None:
-            return await _send_error(send, UnsupportedMediaType(refusal), id_header)
+            return await _send_error(scope, send, UnsupportedMediaType(refusal), headers)
         gate = self.gate
-        admission = gate.try_enter(estimate_tokens(length, gate.mean_request_tokens))
+        with tracing.span("admission") as admission_span:
+            admission = gate.try_enter(estimate_tokens(length, gate.mean_request_tokens))
+            admission_span.set_attribute("bertserve.admitted", admission is not None)
         if admission is None:
-            return await _send_error(send, Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s()), id_header)
+            overloaded = Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s())
+            return await _send_error(scope, send, overloaded, headers)
         scope[SCOPE_ADMISSION] = admission
         status = 500
         try:
             if body is None:
-                body_or_status = await self._bounded_body(receive, send, id_header)
+                body_or_status = await self._bounded_body(scope, receive, send, headers)
                 if isinstance(body_or_status, int):
                     status = body_or_status
                     return status
@@ -284,21 +289,23 @@ class InferenceGateway:
                 response = await endpoint(request)
             except Exception as exc:
                 response = await http_errors.error_response_for(request, exc)
-            response.raw_headers.append(id_header)
+            response.raw_headers.extend(headers)
             status = response.status_code
             await response(scope, receive, send)
             return status
         finally:
             admission.leave(completed=200 <= status < 300)
 
-    async def _bounded_body(self, receive: Callable, send: Callable, id_header: tuple[bytes, bytes]) -> bytes | int:
+    async def _bounded_body(
+        self, scope: Scope, receive: Callable, send: Callable, headers: list[tuple[bytes, bytes]]
+    ) -> bytes | int:
         """The body; or, where there is none to serve, the status of what happened: 413 answered (over the limit),
         500 where the client left before its body was in (nobody to answer)."""
         body = await self._read_body(receive)
         if body is None:
             return 500
         if len(body) > self.max_bytes:
-            return await _send_error(send, self._too_large(), id_header)
+            return await _send_error(scope, send, self._too_large(), headers)
         return body
 
     async def _read_body(self, receive: Callable) -> bytes | None:
@@ -323,7 +330,8 @@ class InferenceGateway:
         return PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes")
 
 
-async def _send_error(send: Callable, exc: ServiceError, id_header: tuple[bytes, bytes]) -> int:
+async def _send_error(scope: Scope, send: Callable, exc: ServiceError, headers: list[tuple[bytes, bytes]]) -> int:
     """The error answered and the connection closed (the request's body, if any, is left unread)."""
-    await http_errors.send_error(send, exc, extra_headers=[id_header])
+    scope[traces.SCOPE_ERROR_TYPE] = type(exc).__name__
+    await http_errors.send_error(send, exc, extra_headers=headers)
     return exc.status_code

@@ -13,7 +13,9 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
+from service import tracing
 from service.errors import Overloaded, PayloadTooLarge, UnsupportedMediaType
+from service.frontend.http import traces
 from service.frontend.http.admission import SCOPE_ADMISSION, AdmissionGate, estimate_tokens
 from service.frontend.http.errors import error_response, send_error
 from service.logs import (
@@ -307,7 +309,11 @@ class RequestContextMiddleware:
         # ("Exception in ASGI application") come after this returns.
         REQUEST_ID.set(request_id)
         scope[SCOPE_REQUEST_ID] = request_id
-        header = (REQUEST_ID_HEADER, request_id.encode("ascii"))
+        added = [(REQUEST_ID_HEADER, request_id.encode("ascii"))]
+        span = traces.start(scope, None) if tracing.ENABLED else None  # named by its route once routed
+        if span is not None:
+            added.append(span.header())
+        replaced = {name for name, _ in added}
         started = time.perf_counter()
         status = 500  # what the client gets if the app raises before answering (uvicorn's 500)
 
@@ -315,19 +321,23 @@ class RequestContextMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = [h for h in message.get("headers", ()) if h[0].lower() != REQUEST_ID_HEADER]
-                message = {**message, "headers": [*headers, header]}
+                headers = [h for h in message.get("headers", ()) if h[0].lower() not in replaced]
+                message = {**message, "headers": [*headers, *added]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            status = scope.get(SCOPE_STATUS, status)
             if access_log.isEnabledFor(logging.INFO):
                 log_access(
                     request_id,
                     scope.get("method"),
                     scope.get("path"),
-                    scope.get(SCOPE_STATUS, status),
+                    status,
                     time.perf_counter() - started,
                     scope.get("client"),
                 )
+            if span is not None:
+                route = scope.get("route")
+                span.finish(status, scope.get(traces.SCOPE_ERROR_TYPE), getattr(route, "path", None))

@@ -48,12 +48,24 @@ def test_an_infer_frame_carries_its_rows_lengths_and_ids() -> None:
         "timeout": 2.5,
         "lengths": [3, 1, 4],
         "request_id": "req-ü",
+        "trace": None,
     }
     assert got.arrays["input_ids"].dtype == np.int32 and got.arrays["token_type_ids"].dtype == np.uint8
     assert got.arrays["input_ids"].tolist() == [100, 101, 102, 100, 100, 101, 102, 103]
     assert got.arrays["token_type_ids"].tolist() == [0, 1, 0, 0, 0, 1, 0, 1]
     ids = frames.split_rows(got.arrays["input_ids"], got.header["lengths"])
     assert [row.tolist() for row in ids] == [[100, 101, 102], [100], [100, 101, 102, 103]]
+
+
+def test_an_infer_frame_carries_its_requests_trace_context() -> None:
+    trace = [0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, 1]  # 128-bit trace id, 64-bit span id, flags
+    frame = frames.encode_infer(9, "m", 1.0, [2, 3], "r", rows(2, 3), trace)
+    (got,) = read_all(frame, chunk=5)
+    assert got.header["trace"] == trace and got.header["request_id"] == "r" and got.header["lengths"] == [2, 3]
+    assert got.arrays["input_ids"].tolist() == [100, 101, 100, 101, 102]
+    header = {"op": "infer", "id": 9, "model": "m", "timeout": 1.0, "lengths": [2, 3], "request_id": "r"}
+    header["trace"] = trace
+    assert frames.encode(header, rows(2, 3)) == frame
 
 
 def test_the_header_dict_form_encodes_the_same_frames() -> None:

@@ -1,0 +1,194 @@
+"""OpenTelemetry traces (--otlp-endpoint): the SDK's tracer, configured once per process, and the few calls the
+request path makes.
+
+- Off (no endpoint, the default): `ENABLED` is False, nothing of the SDK is imported, and every call below answers
+  at once (`span()` gives one shared no-op): the request path pays a flag check.
+- On: one TracerProvider per process (front-end, engine), its resource naming the service (--otlp-service-name), the
+  process's role (`bertserve.process`: server, frontend, engine) and its pid. Spans go through a BatchSpanProcessor
+  (a bounded queue, --otlp-max-queue-spans, exported in batches by a thread of its own) to the OTLP exporter of
+  --otlp-protocol, gRPC or HTTP/protobuf (auto: HTTP where the URL ends in /v1/traces or names port 4318, else
+  gRPC). A slow or dead collector costs no request: spans wait in the queue, and those the queue cannot hold or the
+  collector refuses are dropped and counted (`bertserve_trace_spans_dropped_total{reason}`: queue_full,
+  export_failed).
+- Sampling is parent-based (a client's sampled `traceparent` is always continued, an unsampled one never), and a
+  trace that starts here is sampled at --trace-sample-ratio; a batch span (which serves many requests, each in its
+  own trace) is sampled when any request it links to is.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+
+ENABLED = False  # read on the request path: is a tracer configured in this process?
+SCOPE = "bertserve"
+_tracer: trace.Tracer = trace.NoOpTracer()
+_provider: Any = None
+DroppedCounter = Callable[[str, int], None]  # reason, spans
+
+
+class _NoSpan(AbstractContextManager):
+    """The span of a request that is not traced: entering and leaving it, and setting its attributes, do nothing."""
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        return None
+
+    def is_recording(self) -> bool:
+        return False
+
+
+NO_SPAN = _NoSpan()
+
+
+def configure(settings: Settings, process: str, on_dropped: DroppedCounter | None = None) -> None:
+    """Traces on where --otlp-endpoint is set (else off, as they are by default); `process` names this process's
+    role in the resource; `on_dropped(reason, spans)` counts what is lost."""
+    global ENABLED, _tracer, _provider
+    shutdown()
+    if not settings.otlp_endpoint:
+        return
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ParentBased
+
+    from service.tracing import sdk as tracing_sdk
+
+    count = on_dropped or (lambda reason, spans: None)
+    resource = Resource.create(
+        {
+            "service.name": settings.otlp_service_name,
+            "service.instance.id": f"{socket.gethostname()}:{os.getpid()}",
+            "bertserve.process": process,
+        }
+    )
+    sampler = ParentBased(tracing_sdk.RatioOrLinked(settings.trace_sample_ratio))
+    provider = TracerProvider(resource=resource, sampler=sampler)
+    exporter = tracing_sdk.CountingExporter(tracing_sdk.otlp_exporter(settings, protocol_of(settings)), count)
+    provider.add_span_processor(tracing_sdk.CountingBatchProcessor(exporter, settings.otlp_max_queue_spans, count))
+    _provider = provider
+    _tracer = provider.get_tracer(SCOPE)
+    ENABLED = True
+
+
+def shutdown(timeout_s: float = 5.0) -> None:
+    """Export what is queued (for at most `timeout_s`) and stop; tracing is off afterwards."""
+    global ENABLED, _tracer, _provider
+    provider, _provider = _provider, None
+    ENABLED = False
+    _tracer = trace.NoOpTracer()
+    if provider is not None:
+        provider.force_flush(int(timeout_s * 1000))
+        provider.shutdown()
+
+
+def protocol_of(settings: Settings) -> str:
+    """grpc or http/protobuf: --otlp-protocol, or by the endpoint's URL where it says auto."""
+    if settings.otlp_protocol != "auto":
+        return settings.otlp_protocol
+    url = urlsplit(settings.otlp_endpoint or "")
+    return "http/protobuf" if url.path.rstrip("/").endswith("/v1/traces") or url.port == 4318 else "grpc"
+
+
+def tracer() -> trace.Tracer:
+    return _tracer
+
+
+def start_span(
+    name: str,
+    parent: SpanContext | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: dict[str, Any] | None = None,
+    start_ns: int | None = None,
+    links: Sequence[Link] | None = None,
+) -> trace.Span:
+    """A span, child of `parent` where given (another process's, or one that is not current here), else the root of a
+    trace of its own (never a child of whatever span happens to be current)."""
+    context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent is not None else Context()
+    return _tracer.start_span(name, context, kind, attributes, links, start_ns)
+
+
+def span(name: str, attributes: dict[str, Any] | None = None) -> AbstractContextManager:
+    """A child of the current span, made current while the block runs; NO_SPAN where tracing is off or the request
+    is not sampled (the common case costs a flag check, and a context lookup when tracing is on)."""
+    if not ENABLED or not trace.get_current_span().is_recording():
+        return NO_SPAN
+    return _tracer.start_as_current_span(name, attributes=attributes)
+
+
+def current_context() -> SpanContext | None:
+    """The current span's context where it is sampled (what a request hands the engine with its rows), else None."""
+    if not ENABLED:
+        return None
+    context = trace.get_current_span().get_span_context()
+    return context if context.is_valid and context.trace_flags.sampled else None
+
+
+def remote_context(trace_id: int, span_id: int, flags: int) -> SpanContext:
+    """A span context received from another process (the engine's view of a front-end's span)."""
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+
+
+def traceparent(context: SpanContext) -> str:
+    """W3C trace context's header value for `context`."""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def parse_traceparent(value: str | bytes | None) -> SpanContext | None:
+    """A client's `traceparent` (W3C trace context, version 00 or a later one read as 00), else None where it is
+    absent or malformed (the request then starts a trace of its own, as the spec says)."""
+    if value is None:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    parts = text.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff" or (parts[0] == "00" and len(parts) != 4):
+        return None
+    version, trace_hex, span_hex, flags_hex = parts[:4]
+    if len(trace_hex) != 32 or len(span_hex) != 16 or len(flags_hex) != 2:
+        return None
+    try:
+        int(version, 16)
+        trace_id, span_id, flags = int(trace_hex, 16), int(span_hex, 16), int(flags_hex, 16)
+    except ValueError:
+        return None
+    if trace_id == 0 or span_id == 0 or trace_hex != trace_hex.lower() or span_hex != span_hex.lower():
+        return None
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 0x01))
+
+
+def set_error(span: trace.Span, error_type: str, status: int, message: str | None = None) -> None:
+    """A failed request's span: `error.type` (the domain error's class, or the status where none is known) on
+    every error; the span's status ERROR where the server is at fault (5xx), as the HTTP conventions say for a
+    server span (a 4xx is the client's: its status stays unset)."""
+    span.set_attribute("error.type", error_type)
+    if status >= 500:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, message or error_type))
+
+
+class CurrentSpan:
+    """A request's own span (its server span), current in the request's context variables from here until `end`:
+    what the request does meanwhile is its children, and its log lines name it."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self.token = otel_context.attach(trace.set_span_in_context(span))
+
+    def end(self) -> None:
+        self.span.end()
+        otel_context.detach(self.token)

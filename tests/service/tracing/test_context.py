@@ -1,0 +1,111 @@
+"""service.tracing: W3C trace context in and out, the protocol chosen by the URL, the no-op path while off, and the
+span a request's rows take to the engine."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from service import tracing
+from service.settings import Settings
+
+TRACE_ID, SPAN_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+
+@pytest.mark.parametrize(
+    ("header", "sampled"),
+    [
+        (f"00-{TRACE_ID}-{SPAN_ID}-01", True),
+        (f"00-{TRACE_ID}-{SPAN_ID}-00", False),
+        (f"00-{TRACE_ID}-{SPAN_ID}-09".encode(), True),  # other flags are not ours to keep; bytes as HTTP gives them
+        (f"01-{TRACE_ID}-{SPAN_ID}-01-future-fields", True),  # a later version: read as 00
+    ],
+)
+def test_a_valid_traceparent_is_read(header: str | bytes, sampled: bool) -> None:
+    context = tracing.parse_traceparent(header)
+    assert context is not None and context.is_remote
+    assert (f"{context.trace_id:032x}", f"{context.span_id:016x}") == (TRACE_ID, SPAN_ID)
+    assert context.trace_flags.sampled is sampled
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "garbage",
+        f"00-{'0' * 32}-{SPAN_ID}-01",  # an all-zero trace id
+        f"00-{TRACE_ID}-{'0' * 16}-01",  # an all-zero span id
+        f"00-{TRACE_ID.upper()}-{SPAN_ID}-01",  # upper case
+        f"00-{TRACE_ID}-{SPAN_ID}-01-extra",  # version 00 has exactly four fields
+        f"ff-{TRACE_ID}-{SPAN_ID}-01",  # version ff is invalid
+        f"00-{TRACE_ID[:-1]}-{SPAN_ID}-01",
+        f"00-{TRACE_ID}-{SPAN_ID}-zz",
+        "00-\udcff" * 3,
+    ],
+)
+def test_a_malformed_traceparent_starts_a_trace_of_its_own(header: str | None) -> None:
+    assert tracing.parse_traceparent(header) is None
+
+
+def test_the_response_header_writes_the_context_back() -> None:
+    context = SpanContext(int(TRACE_ID, 16), int(SPAN_ID, 16), is_remote=False, trace_flags=TraceFlags(1))
+    assert tracing.traceparent(context) == f"00-{TRACE_ID}-{SPAN_ID}-01"
+    assert tracing.parse_traceparent(tracing.traceparent(context)) == SpanContext(
+        context.trace_id, context.span_id, is_remote=True, trace_flags=TraceFlags(1)
+    )
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "protocol"),
+    [
+        ("http://collector:4317", "grpc"),
+        ("https://collector.example:443", "grpc"),
+        ("http://collector:4318", "http/protobuf"),
+        ("http://collector:4318/v1/traces", "http/protobuf"),
+        ("https://otlp.example/api/v1/traces", "http/protobuf"),
+    ],
+)
+def test_the_protocol_follows_the_url_unless_named(endpoint: str, protocol: str) -> None:
+    assert tracing.protocol_of(Settings(otlp_endpoint=endpoint)) == protocol
+    assert tracing.protocol_of(Settings(otlp_endpoint=endpoint, otlp_protocol="grpc")) == "grpc"
+
+
+@pytest.mark.parametrize("endpoint", ["collector:4317", "ftp://collector", "http://", "http://a b:4317"])
+def test_an_endpoint_that_is_not_a_url_is_refused(endpoint: str) -> None:
+    with pytest.raises(ValueError, match="is not an OTLP URL"):
+        Settings(otlp_endpoint=endpoint)
+
+
+def test_off_by_default_and_then_free() -> None:
+    settings = Settings()
+    assert settings.otlp_endpoint is None
+    tracing.configure(settings, "server")
+    assert not tracing.ENABLED
+    assert tracing.span("tokenize") is tracing.NO_SPAN
+    assert tracing.current_context() is None
+    with tracing.span("x") as span:
+        span.set_attribute("a", 1)
+        assert not span.is_recording()
+
+
+def test_a_sampled_span_is_what_the_rows_carry(tmp_path) -> None:
+    """On, with a collector that nobody answers (the spans wait in the queue): a span made current is the context
+    handed on; outside it, nothing."""
+    tracing.configure(Settings(otlp_endpoint="http://127.0.0.1:9/v1/traces", otlp_timeout_s=0.5), "server")
+    try:
+        assert tracing.ENABLED
+        assert tracing.current_context() is None  # no request
+        assert tracing.span("child") is tracing.NO_SPAN  # nothing to be a child of
+        root = tracing.CurrentSpan(tracing.start_span("request"))
+        try:
+            with tracing.span("engine") as engine:
+                carried = tracing.current_context()
+                assert carried == engine.get_span_context()
+                assert carried.trace_id == root.span.get_span_context().trace_id
+        finally:
+            root.end()
+        assert tracing.current_context() is None
+    finally:
+        tracing.shutdown(timeout_s=0.1)
+    assert not tracing.ENABLED

@@ -1,0 +1,65 @@
+"""service.tracing.sdk: the sampler of traces that start here, and the spans lost on the way counted by reason."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.trace import Link, SpanContext, TraceFlags
+
+from service.tracing.sdk import CountingBatchProcessor, CountingExporter, RatioOrLinked
+
+
+def context(sampled: bool) -> SpanContext:
+    return SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(1 if sampled else 0))
+
+
+def test_a_batch_is_sampled_where_any_request_it_served_is() -> None:
+    never = RatioOrLinked(0.0)
+    assert never.should_sample(None, 0xABC, "request").decision is Decision.DROP
+    linked = [Link(context(False)), Link(context(True))]
+    assert never.should_sample(None, 0xABC, "batch", links=linked).decision is Decision.RECORD_AND_SAMPLE
+    assert never.should_sample(None, 0xABC, "batch", links=[Link(context(False))]).decision is Decision.DROP
+    assert RatioOrLinked(1.0).should_sample(None, 0xABC, "request").decision is Decision.RECORD_AND_SAMPLE
+
+
+class Exporter(SpanExporter):
+    """Holds every export until released; then answers `result`."""
+
+    def __init__(self, result: SpanExportResult) -> None:
+        self.result = result
+        self.release = threading.Event()
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.release.wait(10)
+        self.exported += len(spans)
+        return self.result
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def test_a_full_queue_and_a_failing_collector_are_counted() -> None:
+    counted: dict[str, int] = {}
+
+    def count(reason: str, spans: int) -> None:
+        counted[reason] = counted.get(reason, 0) + spans
+
+    stuck = Exporter(SpanExportResult.FAILURE)
+    provider = TracerProvider()
+    provider.add_span_processor(CountingBatchProcessor(CountingExporter(stuck, count), 64, count))
+    tracer = provider.get_tracer("test")
+    started = time.perf_counter()
+    for _ in range(200):  # the exporter holds the first batch: the queue of 64 fills, the rest is dropped
+        tracer.start_span("request").end()
+    assert time.perf_counter() - started < 1.0  # never waits for the collector
+    assert counted.get("queue_full", 0) >= 200 - 2 * 64
+    stuck.release.set()
+    provider.force_flush(5000)
+    provider.shutdown()
+    assert counted["export_failed"] == stuck.exported > 0
