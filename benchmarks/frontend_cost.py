@@ -42,6 +42,8 @@ model.json's task and rerank mark, or named with --entry TASK=NAME).
     python -m benchmarks.frontend_cost                                  # 4 tasks x 1 and 16 inputs, 8 s a cell
     python -m benchmarks.frontend_cost --base-source /tmp/base --seconds 4 --json /tmp/frontend_cost.json
     python -m benchmarks.frontend_cost --tasks classify,qa --sizes 1 --real-model
+    python -m benchmarks.frontend_cost --base-source . --base-server-args '' \\
+        --server-args '--otlp-endpoint http://127.0.0.1:4318/v1/traces --trace-sample-ratio 1'   # traces' cost
 """
 
 from __future__ import annotations
@@ -176,6 +178,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertserve-frontend-cost"), help="exports, logs")
     parser.add_argument("--base-source", type=Path, help="another checkout, measured too: each cell on it first")
+    parser.add_argument(
+        "--base-server-args",
+        help="the base's own settings instead of --server-args (say, this checkout as its own base with traces off "
+        "and on: --base-source . --base-server-args '' --server-args '--otlp-endpoint URL')",
+    )
     parser.add_argument("--ready-timeout", type=float, default=300.0, help="longest wait for a server's /readyz")
     parser.add_argument("--json", type=Path, help="write the figures here (default reports/frontend_cost.json)")
     args = parser.parse_args(argv)
@@ -356,15 +363,17 @@ def checkout_label(source: Path) -> str:
     return f"{commit}{' + uncommitted changes' if dirty else ''}"
 
 
-def server_args(args: argparse.Namespace, entries: list[str]) -> list[str]:
+def server_args(args: argparse.Namespace, entries: list[str], base: bool = False) -> list[str]:
+    """The server's settings; the base's own (--base-server-args) where given for it."""
     extra = ["--engine-mode", "process", "--frontends", "1", "--device", args.device, "--models", ",".join(entries)]
     if not args.real_model:
         extra += ["--shape-buckets", "on", "--cpu-streams", "1"]  # the engine as it runs on a GPU
-    return [*extra, *shlex.split(args.server_args)]
+    more = args.base_server_args if base and args.base_server_args is not None else args.server_args
+    return [*extra, *shlex.split(more)]
 
 
 def start_server(
-    source: Path, repository: Path, entries: list[str], args: argparse.Namespace, log: Path
+    source: Path, repository: Path, entries: list[str], args: argparse.Namespace, log: Path, base: bool = False
 ) -> ServiceProcess:
     """`python -m service` from `source` (its code: cwd and PYTHONPATH), with sleeping sessions unless
     --real-model; ready, and the sleeping sessions checked in its log."""
@@ -378,7 +387,7 @@ def start_server(
         paths.insert(0, str(site))
         env[SLEEP_VARIABLE] = f"{args.fixed_ms / 1000!r},{args.per_token_us / 1e6!r}"
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    extra = server_args(args, entries)
+    extra = server_args(args, entries, base)
     print(f"  python -m service --repository {repository} {shlex.join(extra)}   (cwd {source})", flush=True)
     started = time.monotonic()
     server = start_service(repository, *extra, log_path=log, wait=False, env=env, source=source)
@@ -460,7 +469,8 @@ def measure_sources(
             print(f"\n{label}: {source} ({runs[label]['checkout']})", flush=True)
             log = args.workdir / "logs" / f"server-{label}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            servers[label] = start_server(source, repository, sorted(set(entries.values())), args, log)
+            entries_served = sorted(set(entries.values()))
+            servers[label] = start_server(source, repository, entries_served, args, log, base=label == "base")
         print(flush=True)
         for cell, work in works.items():
             for label, server in servers.items():
@@ -556,6 +566,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.real_model
         else f"sleeping: {args.fixed_ms} ms + {args.per_token_us} us/token",
         "server_args": server_args(args, sorted(set(entries.values()))),
+        "base_server_args": server_args(args, sorted(set(entries.values())), base=True),
         "repository": str(repository),
         "entries": entries,
         "inputs": inputs,

@@ -597,6 +597,10 @@ def check_gpu_fallback(image: str, repository: Path, expected_models: list[str])
         remove(name)
 
 
+# The compose services of the `monitoring` and `tracing` profiles: a plain `docker compose up` starts none of them.
+PROFILED_SERVICES = ("prometheus", "grafana", "jaeger")
+
+
 def check_compose(repository: Path, served: list[str]) -> str:
     """`docker compose up -d`: the demo repository by default; BERTSERVE_MODELS_DIR serves a host directory."""
     notes = []
@@ -627,14 +631,14 @@ def check_compose(repository: Path, served: list[str]) -> str:
             check(all(m["demo"] is demo for m in body["models"]), f"compose demo flags: {body}")
             names = docker("ps", "--format", "{{.Names}}").stdout.split()
             check(
-                not any(n.startswith(project) and ("prometheus" in n or "grafana" in n) for n in names),
-                "the monitoring profile started without --profile monitoring",
+                not any(n.startswith(project) and any(s in n for s in PROFILED_SERVICES) for n in names),
+                "the monitoring or tracing profile started without --profile",
             )
             what = f"BERTSERVE_MODELS_DIR ({', '.join(expected)})" if models_dir else "default (demo repository)"
             notes.append(f"{what} ready in {ready:.1f} s")
         finally:
             compose("down", "-v", "-t", "40")
-    return "; ".join(notes) + "; monitoring profile not started"
+    return "; ".join(notes) + "; monitoring and tracing profiles not started"
 
 
 def check_prometheus(port: int, work: Path) -> str:
