@@ -58,7 +58,10 @@ async def livez(request: Request) -> JSONResponse:
 
 
 @router.get(
-    "/readyz", tags=["probes"], summary="Every model loaded and warmed up, and not draining", responses=PROBE_ERRORS
+    "/readyz",
+    tags=["probes"],
+    summary="Every model loaded and warmed up, and not draining",
+    responses={503: {"model": schemas.NotReadyBody}},
 )
 async def readyz(request: Request) -> JSONResponse:
     status, body = server_state(request).readiness()

@@ -469,3 +469,14 @@ class ErrorBody(BaseModel):
     error: str = Field(description="what went wrong, for a person")
     error_type: str = Field(description="validation, bad_request, wrong_task, not_found, overloaded, timeout, ...")
     field: str | None = Field(None, description="the offending field, where there is one")
+
+
+class ModelNotReady(BaseModel):
+    status: str = Field(description="loading, checking (its self-test), failed, ...")
+    error: str | None = Field(None, description="why it failed, where it did")
+
+
+class NotReadyBody(ErrorBody):
+    not_ready: dict[str, ModelNotReady] | None = Field(
+        None, description="each model that is not ready, by name, and why (absent where the server is draining)"
+    )
