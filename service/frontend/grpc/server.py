@@ -176,7 +176,7 @@ class Call:
         raw_id = metadata.get("x-request-id")
         request_id = request_id_from(raw_id.encode("latin-1", "replace") if isinstance(raw_id, str) else raw_id)
         REQUEST_ID.set(request_id)  # the call has a task of its own
-        span = self._span(metadata, context) if tracing.ENABLED else None
+        span = self._span(metadata, context) if tracing.ENABLED and self.name not in OPEN_METHODS else None
         initial: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
         if span is not None:
             initial += (("traceparent", tracing.traceparent(span.span.get_span_context())),)

@@ -198,12 +198,14 @@ def test_grpc_calls_have_server_spans(traced_server, receiver: OtlpReceiver) -> 
     text.set_data_from_numpy(np.array([b"a traced call"], dtype=object))
     result = client.infer(CLASSIFIER, [text], headers={"traceparent": parent})
     assert result.as_numpy("label") is not None
+    assert client.is_server_ready(headers={"traceparent": parent})  # a probe: not traced
     spans = receiver.wait_for(request_tree_complete(trace_id))
     server = one(spans, "inference.GRPCInferenceService/ModelInfer", trace_id=trace_id)
     assert server.kind == "SERVER" and server.parent_span_id == client_span
     assert server.attributes["rpc.system"] == "grpc" and server.attributes["rpc.method"] == "ModelInfer"
     assert server.attributes["rpc.grpc.status_code"] == 0
     assert {"tokenize", "engine"} <= set(children(spans, server))
+    assert not [s for s in spans if s.trace_id == trace_id and s.name.endswith("/ServerReady")]
 
 
 def test_process_mode_carries_the_trace_across_the_engine_socket(
