@@ -85,14 +85,14 @@ def configure(settings: Settings, process: str, on_dropped: DroppedCounter | Non
     ENABLED = True
 
 
-def shutdown(timeout_s: float = 5.0) -> None:
-    """Export what is queued (for at most `timeout_s`) and stop; tracing is off afterwards."""
+def shutdown() -> None:
+    """Export what is queued (for at most a few seconds: `sdk.SHUTDOWN_S`, a dead collector does not hold a stop) and
+    stop; tracing is off afterwards."""
     global ENABLED, _tracer, _provider
     provider, _provider = _provider, None
     ENABLED = False
     _tracer = trace.NoOpTracer()
     if provider is not None:
-        provider.force_flush(int(timeout_s * 1000))
         provider.shutdown()
 
 

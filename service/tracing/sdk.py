@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 HTTP_TRACES_PATH = "/v1/traces"
 EXPORT_BATCH_SPANS = 512
 EXPORT_DELAY_MS = 1000
+SHUTDOWN_S = 3.0  # at a stop, the longest wait for the queued spans' export
 
 
 class RatioOrLinked(Sampler):
@@ -89,9 +90,18 @@ class CountingExporter(SpanExporter):
 
 class CountingBatchProcessor(BatchSpanProcessor):
     """The SDK's batch processor (a bounded queue; a thread exports in batches), with the spans it drops because its
-    queue is full counted (queue_full): it drops them with a log line only."""
+    queue is full counted (queue_full): it drops them with a log line only. Its shutdown waits at most
+    `shutdown_s` for the queue's last exports: the SDK's own waits 30 s, and its flush one export timeout per batch
+    (with a dead collector, a stop held for a minute)."""
 
-    def __init__(self, exporter: SpanExporter, max_queue_spans: int, count: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        max_queue_spans: int,
+        count: Callable[[str, int], None],
+        shutdown_s: float = SHUTDOWN_S,
+    ) -> None:
+        self._shutdown_s = shutdown_s
         super().__init__(
             exporter,
             max_queue_size=max_queue_spans,
@@ -107,3 +117,6 @@ class CountingBatchProcessor(BatchSpanProcessor):
             if len(queue) >= self._max_queue_spans:
                 self._count("queue_full", 1)
         super().on_end(span)
+
+    def shutdown(self) -> None:
+        self._batch_processor.shutdown(timeout_millis=int(self._shutdown_s * 1000))

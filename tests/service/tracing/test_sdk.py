@@ -63,3 +63,15 @@ def test_a_full_queue_and_a_failing_collector_are_counted() -> None:
     provider.force_flush(5000)
     provider.shutdown()
     assert counted["export_failed"] == stuck.exported > 0
+
+
+def test_a_stop_waits_for_a_stuck_collector_only_so_long() -> None:
+    stuck = Exporter(SpanExportResult.SUCCESS)
+    provider = TracerProvider()
+    provider.add_span_processor(CountingBatchProcessor(stuck, 64, lambda reason, spans: None, shutdown_s=0.5))
+    for _ in range(100):
+        provider.get_tracer("test").start_span("request").end()
+    started = time.perf_counter()
+    provider.shutdown()  # the exporter holds its export for 10 s
+    assert time.perf_counter() - started < 3.0
+    stuck.release.set()
