@@ -17,6 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.harness.serving import ServiceProcess, free_port
+from tests.service.lifecycle import publish
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -102,3 +103,33 @@ def test_a_drain_is_not_serving_at_once_and_a_watch_stream_does_not_hold_it(oip_
         assert server.process.wait(30) in (0, -signal.SIGTERM), server.log()
         assert time.monotonic() - ended < 20, server.log()
     assert "Traceback" not in server.log()
+
+
+def test_a_models_watch_follows_it_as_it_is_loaded_and_unloaded(tiny_repository, tmp_path, server_factory) -> None:
+    """--model-control explicit: a Watch on a model not loaded yet says SERVICE_UNKNOWN, then SERVING once an admin
+    loads it, then, once unloaded, no longer SERVING; one stream, pushed each change as it happens."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    publish(repository, "a", tiny_repository / "bert-classification")
+    publish(repository, "b", tiny_repository / "bert-ner")
+    admin_keys = tmp_path / "admin.keys"
+    admin_keys.write_text("admin-key-0123456789abcdef\n")
+    admin_keys.chmod(0o600)
+    grpc_port = free_port()
+    server = server_factory(
+        repository,
+        *("--engine-mode", "in-process", "--grpc-port", str(grpc_port)),
+        *("--model-control", "explicit", "--model", "a", "--admin-api-key-file", str(admin_keys)),
+    )
+    admin = {"Authorization": "Bearer admin-key-0123456789abcdef"}
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stream = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service="b"), timeout=60)
+        assert next(stream).status == SERVICE_UNKNOWN
+        with server.client(headers=admin, timeout=60) as client:
+            assert client.post("/v2/repository/models/b/load").status_code == 200
+            seen = []
+            while not seen or seen[-1] != SERVING:  # it may say NOT_SERVING while it loads and self-tests
+                seen.append(next(stream).status)
+            assert client.post("/v2/repository/models/b/unload").status_code == 200
+            assert next(stream).status in (NOT_SERVING, SERVICE_UNKNOWN)
+        stream.cancel()
