@@ -509,18 +509,18 @@ class Batcher:
         finally:
             self._wakeup.set()  # the device (or its queue) is free: the loop may be waiting for that
         seconds = run.seconds
-        self._learn_cost(seconds, sum(item.length for item in batch))
+        width = max(item.length for item in batch)
+        real = sum(item.length for item in batch)
+        self._learn_cost(seconds, real)
         for ticket in {id(item.ticket): item.ticket for item in batch}.values():
             ticket.inference_seconds += seconds
             ticket.inference_calls += 1
         if self._observer is not None:
-            width = max(item.length for item in batch)
-            real = sum(item.length for item in batch)
             self._observer.on_batch(len(batch), self._padded_cost(len(batch), width), real, seconds)
         if tracing.ENABLED:
-            self._trace(batch, run)
+            self._trace(batch, run, width, real)
 
-    def _trace(self, batch: list[_Item], run: _DeviceRun) -> None:
+    def _trace(self, batch: list[_Item], run: _DeviceRun, width: int, real_tokens: int) -> None:
         """The batch's span, linked to each traced request it served, and those requests' queue and inference
         spans (after the answers are queued: they do not wait for this)."""
         traced: dict[int, list[Any]] = {}  # id(request) -> [request, its span, its rows in this batch]
@@ -536,11 +536,10 @@ class Batcher:
         offset_ns = time.time_ns() - time.monotonic_ns()  # the device's monotonic times as wall-clock ones
         start_ns = int(run.started * 1e9) + offset_ns
         end_ns = start_ns + int(run.seconds * 1e9)
-        width = max(item.length for item in batch)
         attributes = {
             **self._trace_attributes,
             "bertserve.batch.rows": len(batch),
-            "bertserve.batch.tokens": sum(item.length for item in batch),
+            "bertserve.batch.tokens": real_tokens,
             "bertserve.batch.width": width,
             "bertserve.batch.padded_tokens": self._padded_cost(len(batch), width),
             "bertserve.batch.requests": len({id(item.request) for item in batch}),

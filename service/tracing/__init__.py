@@ -104,10 +104,6 @@ def protocol_of(settings: Settings) -> str:
     return "http/protobuf" if url.path.rstrip("/").endswith("/v1/traces") or url.port == 4318 else "grpc"
 
 
-def tracer() -> trace.Tracer:
-    return _tracer
-
-
 def start_span(
     name: str,
     parent: SpanContext | None = None,

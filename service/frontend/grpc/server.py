@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from service import tracing
 from service.errors import (
@@ -220,12 +220,9 @@ class Call:
 
     @staticmethod
     def _end(span: tracing.CurrentSpan, status: int, error_type: str | None) -> None:
-        code = grpc.StatusCode.OK if status == 200 else code_for_status(status)
-        span.span.set_attribute("rpc.grpc.status_code", code.value[0])
+        span.span.set_attribute("rpc.grpc.status_code", code_for_status(status).value[0])
         if error_type is not None:
-            span.span.set_attribute("error.type", error_type)
-            if status >= 500:  # the server's fault, as the RPC conventions count errors of a server span
-                span.span.set_status(Status(StatusCode.ERROR, error_type))
+            tracing.set_error(span.span, error_type, status)  # ERROR where the server is at fault (5xx)
         span.end()
 
     def _authorize(self, header: str | bytes | None) -> None:

@@ -26,9 +26,11 @@ CODE_OF_STATUS = {
 
 
 def code_of(error: ServiceError) -> grpc.StatusCode:
-    return CODE_OF_STATUS.get(error.status_code, grpc.StatusCode.UNKNOWN)
+    return code_for_status(error.status_code)
 
 
 def code_for_status(status: int) -> grpc.StatusCode:
-    """The code of an answer's HTTP-equivalent status (499: the client cancelled)."""
+    """The code of an answer's HTTP-equivalent status (200: OK; 499: the client cancelled)."""
+    if status == 200:
+        return grpc.StatusCode.OK
     return grpc.StatusCode.CANCELLED if status == 499 else CODE_OF_STATUS.get(status, grpc.StatusCode.UNKNOWN)
