@@ -22,7 +22,8 @@ Candidates (`postprocess`, per window)
     characters are found through the words of sequence 0 (the context). The null score of the window is p_start[0] *
     p_end[0]; then position 0 is zeroed. A span (s, e) scores p_start[s] * p_end[e] when s <= e < s +
     max_answer_len, else 0. The best `top_k * 2 + 10` spans (`top_k` when align_to_words is off) are taken with
-    numpy's selection (same ties as the pipeline), then spans whose start or end is not a candidate token are
+    numpy's selection (same ties as the pipeline; only the band of spans that can score is searched where its best
+    scores are distinct, which decides them alone), then spans whose start or end is not a candidate token are
     dropped (position 0 always counts as a candidate: a quirk of the pipeline's `np.isin(..., mask.nonzero())` on a
     2-D mask).
 
@@ -62,9 +63,11 @@ Where ours differs on purpose
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 from tokenizers import Encoding
 
 from bertcore.rows import Row
@@ -462,21 +465,58 @@ def _masked_softmax(logits: np.ndarray, candidates: np.ndarray) -> np.ndarray:
 def _best_spans(
     p_start: np.ndarray, p_end: np.ndarray, candidates: np.ndarray, params: QaParams
 ) -> list[tuple[int, int, float]]:
-    """(start token, end token, score), best first: the top spans, then those inside candidate tokens."""
+    """(start token, end token, score), best first: the top spans, then those inside candidate tokens.
+
+    The spans that can score are the band s <= e < s + max_answer_len, max_answer_len per token (15 by default)
+    of the window's length x length spans: where the band alone decides the top spans (`_top_in_band`) only it is
+    scored, else the whole matrix is, as the pipeline scores it."""
     length = len(p_start)
-    scores = np.outer(p_start, p_end)  # float32, scores[s, e]
-    offsets = np.arange(length)[None, :] - np.arange(length)[:, None]  # e - s
-    scores[(offsets < 0) | (offsets >= params.max_answer_len)] = 0.0
-    flat = scores.ravel()
-    order = _top_indices(flat, params.candidates_per_window)
+    count = params.candidates_per_window
+    found = _top_in_band(p_start, p_end, params.max_answer_len, count)
+    if found is None:
+        scores = np.outer(p_start, p_end)  # float32, scores[s, e]
+        offsets = np.arange(length)[None, :] - np.arange(length)[:, None]  # e - s
+        scores[(offsets < 0) | (offsets >= params.max_answer_len)] = 0.0
+        flat = scores.ravel()
+        order = _top_indices(flat, count)
+        found = order, flat[order]
     allowed = candidates.copy()
     allowed[0] = True  # the pipeline always counts position 0 as a candidate
     spans = []
-    for flat_index in order:
-        start, end = divmod(int(flat_index), length)
+    for flat_index, score in zip(found[0].tolist(), found[1].tolist(), strict=True):
+        start, end = divmod(flat_index, length)
         if allowed[start] and allowed[end]:
-            spans.append((start, end, float(flat[flat_index])))
+            spans.append((start, end, score))
     return spans
+
+
+def _top_in_band(
+    p_start: np.ndarray, p_end: np.ndarray, max_answer_len: int, count: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The `count` best spans' flat indices (start * length + end), best first, and their scores, from the band
+    of spans 0 <= end - start < max_answer_len alone; None where the band cannot decide them alone.
+
+    Every span outside the band scores 0 in the pipeline's matrix, and each score in it is the same float32
+    product p_start[s] * p_end[e]. So where the band's `count` best scores are above 0 and its `count + 1` best
+    are all different, they are the matrix's `count` best, in the one order any selection gives them: numpy's
+    choice among equal scores, the pipeline's, never comes into it. Otherwise (ties, fewer spans that score, a
+    tiny window) None, and the whole matrix goes through `_top_indices`, as the pipeline's does."""
+    length = len(p_start)
+    width = min(max_answer_len, length)
+    if count + 1 > length * width:
+        return None
+    padded_end = np.concatenate([p_end, np.zeros(width - 1, dtype=p_end.dtype)])
+    step = padded_end.strides[0]  # row s of the view: p_end[s], ..., p_end[s + width - 1] (zeros past the end)
+    band = (p_start[:, None] * as_strided(padded_end, (length, width), (step, step), writeable=False)).ravel()
+    negated = -band  # band[s * width + d]: the span (s, s + d)
+    chosen = np.argpartition(negated, count)[: count + 1]
+    chosen = chosen[np.argsort(negated[chosen])]
+    scores = band[chosen]
+    best = scores.tolist()
+    if not best[count - 1] > 0 or not all(higher > lower for higher, lower in pairwise(best)):
+        return None
+    starts, widths = np.divmod(chosen[:count], width)
+    return starts * length + starts + widths, scores[:count]
 
 
 def _top_indices(flat: np.ndarray, count: int) -> np.ndarray:

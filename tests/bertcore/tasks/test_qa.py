@@ -723,3 +723,71 @@ def test_a_context_may_not_need_more_windows_than_the_longest_allowed_at_the_def
     # Within the bound: served, in more windows than the default ones (windows of 32 advance 12 tokens).
     (features,) = qa.prepare_all(tokenizer, [("q", long_context)], qa.QaParams(max_seq_len=32), 64, 10_000, 4 * tokens)
     assert len(features.rows) == 1 + -(-(tokens - 28) // 12) > bound
+
+
+# --- the band of spans: the matrix's best spans, scoring only those that can score ------------------------------------
+
+
+def spans_of_the_whole_matrix(
+    p_start: np.ndarray, p_end: np.ndarray, candidates: np.ndarray, params: qa.QaParams
+) -> list[tuple[int, int, float]]:
+    """The pipeline's way: every (start, end) scored, those outside 0 <= end - start < max_answer_len zeroed."""
+    length = len(p_start)
+    scores = np.triu(np.tril(np.outer(p_start, p_end), params.max_answer_len - 1))
+    flat = scores.ravel()
+    allowed = candidates.copy()
+    allowed[0] = True
+    spans = []
+    for flat_index in qa._top_indices(flat, params.candidates_per_window):
+        start, end = divmod(int(flat_index), length)
+        if allowed[start] and allowed[end]:
+            spans.append((start, end, float(flat[flat_index])))
+    return spans
+
+
+def window_probabilities(rng: np.random.Generator, length: int, question: int) -> tuple[np.ndarray, ...]:
+    """A window's start and end probabilities as postprocess makes them: the question's tokens masked, then 0 zeroed."""
+    candidates = np.ones(length, dtype=bool)
+    candidates[1 : 1 + question] = False
+    start = qa._masked_softmax(rng.normal(0, 4, length).astype(np.float32), candidates)
+    end = qa._masked_softmax(rng.normal(0, 4, length).astype(np.float32), candidates)
+    start[0] = end[0] = 0.0
+    return start, end, candidates
+
+
+@pytest.mark.parametrize("align_to_words", [True, False])
+@pytest.mark.parametrize("max_answer_len", [1, 2, 15, 30, 1_000])
+@pytest.mark.parametrize("top_k", [1, 3, 20])
+def test_the_band_finds_the_spans_the_whole_matrix_finds(top_k: int, max_answer_len: int, align_to_words: bool) -> None:
+    rng = np.random.default_rng(top_k * 10_007 + max_answer_len * 31 + align_to_words)
+    params = qa.QaParams(top_k=top_k, max_answer_len=max_answer_len, align_to_words=align_to_words)
+    decided = 0
+    for length in (1, 2, 3, 5, 8, 17, 64, 200, 384):
+        for question in {0, min(length - 1, 3), length // 2, length - 1}:
+            p_start, p_end, candidates = window_probabilities(rng, length, question)
+            decided += qa._top_in_band(p_start, p_end, max_answer_len, params.candidates_per_window) is not None
+            want = spans_of_the_whole_matrix(p_start, p_end, candidates, params)
+            assert qa._best_spans(p_start, p_end, candidates, params) == want, (length, question)
+    assert decided > 0, "the band decided no window: this test compares the matrix with itself"
+
+
+def test_ties_and_windows_with_few_scoring_spans_go_through_the_whole_matrix() -> None:
+    """Where equal scores meet at the cut, or fewer spans than are taken score above 0, the choice among equal
+    scores is numpy's (`_top_indices`, as the pipeline's): the band leaves those windows to the matrix."""
+    params = qa.QaParams(top_k=1)  # 12 spans taken per window
+    even = np.full(32, 1 / 32, dtype=np.float32)  # every span in the band scores the same
+    candidates = np.ones(32, dtype=bool)
+    assert qa._top_in_band(even, even, params.max_answer_len, params.candidates_per_window) is None
+    assert qa._best_spans(even, even, candidates, params) == spans_of_the_whole_matrix(even, even, candidates, params)
+    # Two tokens that can score: 3 spans above 0 (and 9 of score 0, chosen as numpy chooses among them).
+    few = np.zeros(32, dtype=np.float32)
+    few[[5, 6]] = [0.7, 0.3]
+    assert qa._top_in_band(few, few, params.max_answer_len, params.candidates_per_window) is None
+    spans = qa._best_spans(few, few, candidates, params)
+    assert spans == spans_of_the_whole_matrix(few, few, candidates, params)
+    assert [(start, end) for start, end, score in spans if score > 0] == [(5, 5), (5, 6), (6, 6)]
+    # A window of distinct scores is decided by the band alone.
+    rng = np.random.default_rng(7)
+    p_start, p_end, candidates = window_probabilities(rng, 200, 10)
+    found = qa._top_in_band(p_start, p_end, params.max_answer_len, params.candidates_per_window)
+    assert found is not None and len(found[0]) == params.candidates_per_window
