@@ -22,8 +22,9 @@ for --seconds, after --warmup-seconds of the same load. Measured over that windo
   would compute (benchmarks.sleeping_session: --fixed-ms + --per-token-us per padded token,
   answering zeros; shape buckets on and one stream, as on a GPU), so that the model itself costs ~0 CPU and this is
   the engine's own work, and the front-end is the bottleneck. `--real-model` serves the real CPU sessions instead
-  (then the engine's figure includes the model). The sleeping session's answers are zeros: NER finds no entity
-  and QA's spans are arbitrary, so their post-processing may cost less than on real logits; --real-model shows it.
+  (then the engine's figure includes the model). The sleeping session answers zeros, but QA's start and end
+  logits are noise (distinct scores, as a real model's): NER finds no entity, so its post-processing costs less
+  than on real text; --real-model shows it.
 - the served rate (requests/s, sequences/s) and every non-200 answer (errors), which must be none.
 
 The sleeping sessions go into the engine process through a sitecustomize.py on its PYTHONPATH that only acts in

@@ -1,6 +1,12 @@
 """Model sessions that sleep as long as a GPU would compute and answer zeros, so that what an engine process does
 outside the model shows in its CPU time (benchmarks.engine_benchmark, benchmarks.frontend_cost).
 
+Zeros, except a score per token (QA's start and end logits: outputs of shape rows x width): those are noise, the
+same each run, so that a front-end picks answer spans among distinct scores as it does on a real model's logits.
+On zeros every span ties, and the span search took another path than real answers take (`bertcore.tasks.qa`).
+NER's logits (a vector per token) stay zeros: every token gets label 0, so NER's grouping of entities is cheaper
+here than on real text.
+
 They go into an engine process that may run another checkout's code (a before/after comparison): so this module
 imports nothing of the project at its top, and `copy_beside(directory)` writes its source there as MODULE_NAME,
 for that process to import from its PYTHONPATH.
@@ -15,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 MODULE_NAME = "bertserve_sleeping_session"
+NOISE_SEED = 37
+NOISE_VALUES = 1 << 20  # 4 MiB of float32: 64 full batches of 32 x 512 tokens
 
 
 class SleepingSession:
@@ -22,10 +30,15 @@ class SleepingSession:
     answers zeros of the real outputs' shapes; the rest (inputs, outputs, providers) is the real session's."""
 
     def __init__(self, real: Any, fixed_s: float, per_token_s: float) -> None:
+        import numpy as np
+
         self.real = real
         self.fixed_s = fixed_s
         self.per_token_s = per_token_s
         self.outputs = {output.name: output.shape for output in real.get_outputs()}
+        # Drawn once: a batch's token scores are a slice of it, so that answering costs the engine ~no CPU
+        self.noise = np.random.default_rng(NOISE_SEED).normal(0.0, 4.0, NOISE_VALUES).astype(np.float32)
+        self.next_noise = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
@@ -37,7 +50,19 @@ class SleepingSession:
 
         rows, width = next(iter(feed.values())).shape
         time.sleep(self.fixed_s + self.per_token_s * rows * width)
-        return [np.zeros(output_shape(self.outputs[name], rows, width), np.float32) for name in names]
+        answers = []
+        for name in names:
+            shape = output_shape(self.outputs[name], rows, width)
+            answers.append(self.token_scores(rows, width) if shape == (rows, width) else np.zeros(shape, np.float32))
+        return answers
+
+    def token_scores(self, rows: int, width: int) -> Any:
+        """The next rows x width values of the noise (from its start again where it runs out)."""
+        count = rows * width
+        if self.next_noise + count > len(self.noise):
+            self.next_noise = 0
+        start, self.next_noise = self.next_noise, (self.next_noise + count) % len(self.noise)
+        return self.noise[start : start + count].reshape(rows, width).copy()
 
 
 def sleep_on_load(engine_core: Any, fixed_s: float, per_token_s: float, announce: bool = False) -> None:
