@@ -182,7 +182,7 @@ def plan(tokenizer: TextTokenizer, question: str, context: str, params: QaParams
             raise QaInputError(f"{name} must be a non-empty string", field=name)
     max_seq_len, doc_stride = params.window(model_max_length)
     whole = _encode(tokenizer, question, context)[0]
-    context_tokens = sum(1 for sequence in whole.sequence_ids if sequence == _context_sequence(tokenizer))
+    context_tokens = whole.sequence_ids.count(_context_sequence(tokenizer))
     fixed = len(whole) - context_tokens
     windows = _window_count(fixed, context_tokens, max_seq_len, doc_stride)
     if windows is None:
@@ -368,7 +368,7 @@ def _candidate_tokens(encoding: Encoding, every_token: bool = False) -> np.ndarr
     token where the context comes first (the pipeline's p_mask is all zeros there)."""
     if every_token:
         return np.ones(len(encoding.ids), dtype=bool)
-    candidates = np.array([sequence == CONTEXT_SEQUENCE for sequence in encoding.sequence_ids], dtype=bool)
+    candidates = np.array(encoding.sequence_ids, dtype=np.float32) == CONTEXT_SEQUENCE  # None (special): NaN
     if encoding.ids and encoding.special_tokens_mask[0] == 1:
         candidates |= np.asarray(encoding.ids) == encoding.ids[0]
     return candidates
