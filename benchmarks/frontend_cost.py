@@ -35,13 +35,17 @@ say it took effect, else the run stops.
 checkout's Python), the same cells, and prints both and a side-by-side table of change / base per figure. Both
 servers are up at once (the idle one costs ~nothing) and each cell is measured on the base first, then on this
 checkout, back to back: CPU time varies from minute to minute on a shared machine (a busy neighbour on the same
-core slows every instruction), so compare within one run. By default the real checkpoints of ../shared
+core slows every instruction), so compare within one run. The checkout measured second in a cell has read up to
+~20% dearer, whichever it was: `--rounds N` measures every cell N times, the base first in even rounds and this
+checkout first in odd ones, and reports each figure's median over the rounds (an even N puts both orders in
+every cell equally). By default the real checkpoints of ../shared
 are exported once (fp32) into --workdir/models, with a cross-encoder made as benchmarks.rerank_benchmark makes
 it (MiniLM SST-2's encoder and a fresh one-label head); `--repository` serves entries exported already (found by
 model.json's task and rerank mark, or named with --entry TASK=NAME).
 
     python -m benchmarks.frontend_cost                                  # 4 tasks x 1 and 16 inputs, 8 s a cell
     python -m benchmarks.frontend_cost --base-source /tmp/base --seconds 4 --json /tmp/frontend_cost.json
+    python -m benchmarks.frontend_cost --base-source /tmp/base --seconds 4 --rounds 2     # both orders, medians
     python -m benchmarks.frontend_cost --tasks classify,qa --sizes 1 --real-model
     python -m benchmarks.frontend_cost --base-source . --base-server-args '' \\
         --server-args '--otlp-endpoint http://127.0.0.1:4318/v1/traces --trace-sample-ratio 1'   # traces' cost
@@ -178,7 +182,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--entry", action="append", default=[], help="TASK=NAME: the entry that serves a task (repeatable)"
     )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bertserve-frontend-cost"), help="exports, logs")
-    parser.add_argument("--base-source", type=Path, help="another checkout, measured too: each cell on it first")
+    parser.add_argument("--base-source", type=Path, help="another checkout, measured too (order: --rounds)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every cell this many times, the checkouts' order swapped each round; medians are reported",
+    )
     parser.add_argument(
         "--base-server-args",
         help="the base's own settings instead of --server-args (say, this checkout as its own base with traces off "
@@ -196,6 +206,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--sizes must be integers: {args.sizes!r}")
     if not args.sizes or min(args.sizes) < 1:
         parser.error("--sizes: at least one size, each >= 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     try:
         args.entries = dict(item.split("=", 1) for item in args.entry)
     except ValueError:
@@ -460,7 +472,8 @@ def measure_sources(
     args: argparse.Namespace,
 ) -> dict[str, dict]:
     """A server from each checkout, all started first (an idle one costs ~nothing); then cell by cell, each
-    checkout in turn (the base first), so that a drift of the shared machine's speed falls on both alike."""
+    checkout in turn (`measuring_order`), so that a drift of the shared machine's speed falls on both alike; each
+    cell's figures are the medians of its rounds (`median_figures`)."""
     runs: dict[str, dict[str, Any]] = {
         label: {"source": str(source), "checkout": checkout_label(source), "cells": {}} for label, source in sources
     }
@@ -473,14 +486,50 @@ def measure_sources(
             entries_served = sorted(set(entries.values()))
             servers[label] = start_server(source, repository, entries_served, args, log, base=label == "base")
         print(flush=True)
-        for cell, work in works.items():
-            for label, server in servers.items():
-                row = runs[label]["cells"][cell.key] = measure_cell(server, work, args, tokenizer[cell])
-                print(f"  {label} {cell.key}: {json.dumps(row)}", flush=True)
+        measured: dict[str, dict[str, list[dict]]] = {label: {} for label in servers}
+        for round_index in range(args.rounds):
+            for cell, work in works.items():
+                for label in measuring_order(list(servers), round_index):
+                    row = measure_cell(servers[label], work, args, tokenizer[cell])
+                    measured[label].setdefault(cell.key, []).append(row)
+                    print(f"  {label} {cell.key} (round {round_index + 1}): {json.dumps(row)}", flush=True)
+        for label, cells in measured.items():
+            runs[label]["cells"] = {key: median_figures(rows) for key, rows in cells.items()}
     finally:
         for server in servers.values():
             server.stop()
     return runs
+
+
+def measuring_order(labels: list[str], round_index: int) -> list[str]:
+    """The checkouts in the order a round measures each cell: as given (the base first) in even rounds, reversed
+    in odd ones."""
+    return labels if round_index % 2 == 0 else labels[::-1]
+
+
+def median_figures(rows: list[dict]) -> dict:
+    """One cell's figures over its rounds: each number's median (a figure missing in any round is None), the
+    non-200 answers of every round added up, each role's cores its median."""
+    if len(rows) == 1:
+        return rows[0]
+    combined: dict[str, Any] = {}
+    for key, first in rows[0].items():
+        values = [row[key] for row in rows]
+        if key == "errors":
+            errors: dict[str, int] = {}
+            for counts in values:
+                for status, count in counts.items():
+                    errors[status] = errors.get(status, 0) + count
+            combined[key] = dict(sorted(errors.items()))
+        elif isinstance(first, dict):
+            names = sorted({name for value in values for name in value})
+            combined[key] = {name: statistics.median(v[name] for v in values if name in v) for name in names}
+        elif any(value is None for value in values):
+            combined[key] = None
+        else:
+            combined[key] = statistics.median(values)
+    combined["rounds"] = len(rows)
+    return combined
 
 
 # --- the tables ------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.frontend_cost import COLUMNS, comparison, main
+from benchmarks.frontend_cost import COLUMNS, comparison, main, measuring_order, median_figures
 from export.pipeline import export_checkpoint
 from tests.tiny_models import CROSS_ENCODER
 
@@ -34,9 +34,11 @@ def test_a_classify_and_a_rerank_cell_report_every_figure_and_no_error(
     out = tmp_path / "frontend_cost.json"
     options = ["--repository", str(repository), "--workdir", str(tmp_path), "--json", str(out)]
     options += ["--tasks", "classify,rerank", "--sizes", "4", "--connections", "4"]
-    report = main([*options, "--seconds", "1", "--warmup-seconds", "0.5", "--tokenizer-seconds", "0.1"])
+    timing = ["--seconds", "1", "--warmup-seconds", "0.5", "--tokenizer-seconds", "0.1", "--rounds", "2"]
+    report = main([*options, *timing])
 
     printed = capsys.readouterr().out
+    assert "  change classify x4 (round 2): " in printed
     header = next(line for line in printed.splitlines() if line.startswith("| task | inputs |"))
     assert all(heading in header for heading, _, _ in COLUMNS) and "errors" in header
     assert "| classify | 4 |" in printed and "| rerank | 4 |" in printed
@@ -51,7 +53,26 @@ def test_a_classify_and_a_rerank_cell_report_every_figure_and_no_error(
         assert row["sequences"] == 4 * row["answered"]
         assert row["frontend_us_per_request"] == pytest.approx(4 * row["frontend_us_per_sequence"], rel=0.01)
         assert row["rows"] == row["sequences"]  # one row per sentence or (query, document) pair
+        assert row["rounds"] == 2
 
     # the side-by-side table: a run against itself is 1.00 in every figure
     lines = comparison(report["runs"]["change"], report["runs"]["change"])
     assert len(lines) == 4 and all(line.count("(1.00)") == 5 for line in lines[2:])
+
+
+def test_rounds_swap_the_order_and_report_each_figures_median() -> None:
+    assert measuring_order(["base", "change"], 0) == ["base", "change"]
+    assert measuring_order(["base", "change"], 1) == ["change", "base"]
+    assert measuring_order(["change"], 1) == ["change"]
+    rounds = [
+        {"requests_per_s": 100.0, "engine_us_per_row": 50.0, "errors": {}, "cores": {"engine": 0.2, "front-ends": 0.9}},
+        {"requests_per_s": 130.0, "engine_us_per_row": None, "errors": {"429": 2}, "cores": {"engine": 0.4}},
+        {"requests_per_s": 90.0, "engine_us_per_row": 70.0, "errors": {"429": 1, "0": 1}, "cores": {"engine": 0.3}},
+    ]
+    combined = median_figures(rounds)
+    assert combined["requests_per_s"] == 100.0
+    assert combined["engine_us_per_row"] is None  # missing in a round: no median of the others alone
+    assert combined["errors"] == {"0": 1, "429": 3}  # every round's failures count
+    assert combined["cores"] == {"engine": 0.3, "front-ends": 0.9}
+    assert combined["rounds"] == 3
+    assert median_figures(rounds[:1]) is rounds[0]
