@@ -27,7 +27,8 @@ NOISE_VALUES = 1 << 20  # 4 MiB of float32: 64 full batches of 32 x 512 tokens
 
 class SleepingSession:
     """A model's onnxruntime session that sleeps `fixed_s` + `per_token_s` per padded token of each batch and
-    answers zeros of the real outputs' shapes; the rest (inputs, outputs, providers) is the real session's."""
+    answers zeros of the real outputs' shapes (a score per token: noise); the rest (inputs, outputs, providers) is
+    the real session's."""
 
     def __init__(self, real: Any, fixed_s: float, per_token_s: float) -> None:
         import numpy as np
