@@ -11,6 +11,7 @@ import grpc
 from service.errors import ServiceError
 
 CODE_OF_STATUS = {
+    200: grpc.StatusCode.OK,
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
@@ -19,6 +20,7 @@ CODE_OF_STATUS = {
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,  # the client cancelled
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -31,6 +33,4 @@ def code_of(error: ServiceError) -> grpc.StatusCode:
 
 def code_for_status(status: int) -> grpc.StatusCode:
     """The code of an answer's HTTP-equivalent status (200: OK; 499: the client cancelled)."""
-    if status == 200:
-        return grpc.StatusCode.OK
-    return grpc.StatusCode.CANCELLED if status == 499 else CODE_OF_STATUS.get(status, grpc.StatusCode.UNKNOWN)
+    return CODE_OF_STATUS.get(status, grpc.StatusCode.UNKNOWN)
