@@ -62,7 +62,8 @@ class SleepingSession:
         count = rows * width
         if self.next_noise + count > len(self.noise):
             self.next_noise = 0
-        start, self.next_noise = self.next_noise, (self.next_noise + count) % len(self.noise)
+        start = self.next_noise
+        self.next_noise += count
         return self.noise[start : start + count].reshape(rows, width).copy()
 
 
