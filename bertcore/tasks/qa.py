@@ -369,8 +369,9 @@ def _candidate_tokens(encoding: Encoding, every_token: bool = False) -> np.ndarr
     if every_token:
         return np.ones(len(encoding.ids), dtype=bool)
     candidates = np.array(encoding.sequence_ids, dtype=np.float32) == CONTEXT_SEQUENCE  # None (special): NaN
-    if encoding.ids and encoding.special_tokens_mask[0] == 1:
-        candidates |= np.asarray(encoding.ids) == encoding.ids[0]
+    ids = encoding.ids  # a new list at each access
+    if ids and encoding.special_tokens_mask[0] == 1:
+        candidates |= np.asarray(ids) == ids[0]
     return candidates
 
 
