@@ -93,10 +93,12 @@ RUN --mount=type=bind,from=torch-wheels,target=/tmp/torch-wheels \
  && pip uninstall --yes --quiet pip
 
 # The demo repository (small random-weight models, one per task), built with the exporter.
+# One step, with the package mounted rather than copied in: on storage that copies each step's image whole (podman
+# vfs), every step here costs the export environment's ~1.9 GB again, and this stage is rebuilt on every source change.
 FROM build-export AS demo-models
-COPY --from=project /site/ /opt/venv/lib/python3.11/site-packages/
-ENV HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-RUN python -m export demo --repository /models --quiet
+RUN --mount=type=bind,from=project,source=/site,target=/opt/bertserve-site \
+    PYTHONPATH=/opt/bertserve-site HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+    python -m export demo --repository /models --quiet
 
 # ---------------------------------------------------------------------------------------------------------------
 # What the serving images share.
