@@ -111,6 +111,18 @@ def image_store() -> Path | None:
 # step copies the whole image (the gpu image is 3.1 GB, and its last steps each copy it once more).
 NEEDED_FREE_GB = {"cpu": 4, "demo": 6, "gpu": 14, "export": 9}
 
+# The stages that install each image's dependencies, built first under tags of their own. Untagged, a stage that no
+# later stage is built FROM (they are copied from) is a dangling image once its target is built, so --prune threw
+# the environments away and every run installed them again: the CUDA wheels of the gpu image and the export image's
+# torch (minutes, and each install's layers copied whole on vfs while they were made). Tagged, they stay cached
+# until the lock or a requirements file changes; then the tag moves and the stale one is pruned.
+DEPENDENCY_STAGES = {
+    "cpu": ("build-cpu",),
+    "demo": ("build-cpu", "build-export"),
+    "gpu": ("build-gpu",),
+    "export": ("build-export",),
+}
+
 
 def check_free_space(target: str) -> None:
     store = image_store()
@@ -720,9 +732,9 @@ def main() -> int:
     parser.add_argument(
         "--prune",
         action="store_true",
-        help="remove dangling images (stale layers of earlier builds, and the build cache with them) first, after "
-        "each build and at the end: for storage drivers that copy every layer whole (podman's vfs), where a few "
-        "rebuilds fill the disk",
+        help="remove dangling images (stale layers of earlier builds) first, after each build and at the end: for "
+        "storage drivers that copy every layer whole (podman's vfs), where a few rebuilds fill the disk. The "
+        "dependency stages stay cached: they are tagged (TAG-stage:build-cpu, ...)",
     )
     args = parser.parse_args()
 
@@ -749,7 +761,10 @@ def main() -> int:
                     continue
                 with phase(f"build {target}") as info:
                     check_free_space(target)
-                    build(target, tags[target], log_dir, torch_context if target in ("demo", "export") else None)
+                    extra = torch_context if target in ("demo", "export") else None
+                    for stage in DEPENDENCY_STAGES[target]:
+                        build(stage, f"{args.tag}-stage:{stage}", log_dir, extra)
+                    build(target, tags[target], log_dir, extra)
                     if args.prune:  # the image this build replaced is dangling now: free its layers at once
                         prune_dangling()
                     info["note"] = f"{tags[target]} {mb(image_size(tags[target]))}"
