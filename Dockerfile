@@ -101,9 +101,7 @@ RUN --mount=type=bind,from=project,source=/site,target=/opt/bertserve-site \
     python -m export demo --repository /models --quiet
 
 # ---------------------------------------------------------------------------------------------------------------
-# What the serving images share. Each image's settings come before its COPY steps: on storage that copies each step's
-# image whole (podman vfs), a step after the environment's COPY costs the whole image again, and those COPY steps
-# run again on every source change; before them, the settings stay cached on the small base.
+# What the serving images share.
 FROM base AS serve
 COPY docker/healthcheck.py /usr/local/lib/bertserve/healthcheck.py
 ENV BERTSERVE_HOST=0.0.0.0 \
@@ -118,31 +116,34 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
 # SIGTERM: stop admitting (readyz 503), finish the work in flight (BERTSERVE_DRAIN_TIMEOUT_S), exit.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["python", "-m", "service"]
-# COPY makes its files root's whatever USER says: the server cannot change its own code or models.
-USER 10001:10001
 
 FROM serve AS gpu
+COPY --from=build-gpu /opt/venv /opt/venv
+COPY --from=project /site/ /opt/venv/lib/python3.11/site-packages/
 # The CUDA and cuDNN libraries of the nvidia-* wheels, for onnxruntime's CUDA provider (libcuda.so.1, the driver,
 # is what `docker run --gpus all` adds). NVIDIA_*: read by the NVIDIA container toolkit. Without a GPU the server
 # falls back to the CPU and says so in its log and in /v1/models ("note").
 # A GPU wants big batches (measured on an H100: docs/gpu.md "On a GPU"); process mode and shape buckets come by
 # themselves where a GPU is found (--engine-mode auto, --shape-buckets auto).
+# One ENV: on storage that copies each step's image whole (podman vfs), every step costs the image's size in disk.
 ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     BERTSERVE_MAX_BATCH_SIZE=256 \
     BERTSERVE_MAX_BATCH_TOKENS=16384
-COPY --from=build-gpu /opt/venv /opt/venv
-COPY --from=project /site/ /opt/venv/lib/python3.11/site-packages/
+USER 10001:10001
 
 FROM serve AS serve-cpu
 COPY --from=build-cpu /opt/venv /opt/venv
 COPY --from=project /site/ /opt/venv/lib/python3.11/site-packages/
+USER 10001:10001
 
 FROM serve-cpu AS demo
 COPY --from=demo-models /models /models
 
 FROM base AS export
+COPY --from=build-export /opt/venv /opt/venv
+COPY --from=project /site/ /opt/venv/lib/python3.11/site-packages/
 # Offline by default (a mounted checkpoint needs no network); -e HF_HUB_OFFLINE=0 to export a hub id.
 ENV HF_HUB_OFFLINE=1 \
     HF_HOME=/tmp/huggingface \
@@ -152,8 +153,6 @@ WORKDIR /
 USER 10001:10001
 ENTRYPOINT ["python", "-m", "export"]
 CMD ["--help"]
-COPY --from=build-export /opt/venv /opt/venv
-COPY --from=project /site/ /opt/venv/lib/python3.11/site-packages/
 
 # The default target (last stage): the cpu serving image.
 FROM serve-cpu AS cpu
