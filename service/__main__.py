@@ -19,6 +19,7 @@ from service.frontend.http.server import serve
 from service.repository import discover
 from service.settings import settings_from_cli
 from service.supervisor.launcher import Launcher, port_problem, resolve_engine_mode
+from service.system.exit import exit_now
 
 log = logging.getLogger("service")
 
@@ -58,4 +59,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,5 +1,4 @@
-import sys
-
 from service.engine.server import main
+from service.system.exit import exit_now
 
-sys.exit(main())
+exit_now(main())

@@ -8,12 +8,12 @@ many requests proceed in parallel while one engine process keeps the device busy
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from service.frontend.http.app import create_app
 from service.frontend.http.server import serve, shared_port_socket
 from service.settings import Settings
+from service.system.exit import exit_now
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,4 +30,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
