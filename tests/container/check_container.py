@@ -467,16 +467,19 @@ def check_sigterm(port: int, name: str, drain_timeout: float, workers: int = 16)
         while not stop.is_set():
             path, body = payloads[i % len(payloads)]
             i += 1
-            outcome = Outcome(path.rsplit("/", 1)[-1], time.monotonic())
+            outcome = Outcome(path.rsplit("/", 1)[-1], time.monotonic(), extra={"id": f"sigterm-{index}-{i}"})
             with lock:
                 outcomes.append(outcome)
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=drain_timeout + 30)
+            headers = {"content-type": "application/json", "x-request-id": outcome.extra["id"]}
             try:
-                conn.request("POST", path, json.dumps(body).encode(), {"content-type": "application/json"})
+                conn.request("POST", path, json.dumps(body).encode(), headers)
                 outcome.sent = time.monotonic()
                 response = conn.getresponse()
-                response.read()
+                answer = response.read()
                 outcome.status = response.status
+                if response.status != 200:
+                    outcome.extra["body"] = answer[:300].decode(errors="replace")
             except Exception as exc:  # refused, reset, closed: judged below by when it was sent
                 outcome.error = f"{type(exc).__name__}: {exc}"
             finally:
@@ -509,20 +512,29 @@ def check_sigterm(port: int, name: str, drain_timeout: float, workers: int = 16)
         thread.join(timeout=drain_timeout + 30)
     check(not any(t.is_alive() for t in threads), "a client never got an answer")
 
-    margin = 0.05  # a request sent this close to the signal may still sit in the kernel's accept queue
-    # a 429 is the door's refusal (admission counts work: a burst of heavy requests is refused past what the
-    # server finishes within --max-queue-s), not an admitted request
-    admitted = [o for o in outcomes if o.sent is not None and o.sent < t_signal - margin and o.status != 429]
+    log = logs(name)  # the container is removed after the phase: what its end said goes with a failure
+    # What the server admitted is judged by the server's own record, not by when the client sent it: on a loaded
+    # machine a request can sit unread in the socket for a while, and one the server reads only after SIGTERM is
+    # refused at the door (tests/service/test_scheduling.py judges its SIGTERM burst the same way).
+    # - 200, or 429 (admission: a burst of heavy requests is refused past what the server finishes within
+    #   --max-queue-s): fine;
+    # - 503 only as the drain's refusal ("shutting down"), never a request dropped after it was admitted;
+    # - no answer (reset, closed) only for a request the server never read: no access line with its id.
+    refused = [o for o in outcomes if o.status == 503 and "shutting down" not in o.extra.get("body", "")]
+    check(not refused, f"503 answers that are not the drain's refusal: {refused[:5]}")
+    lost = [o for o in outcomes if o.status is None and f"[{o.extra['id']}]" in log]
+    check(not lost, f"requests the server read and never answered: {lost[:5]}\nthe log's end:\n{log[-1500:]}")
+    # A gross lag is still a fault: a request sent this long before the signal must have been read and answered.
+    long_before = [o for o in outcomes if o.sent is not None and o.sent < t_signal - 1.0 and o.status not in (200, 429)]
+    check(not long_before, f"sent over a second before SIGTERM but not answered 200: {long_before[:5]}")
+    admitted = [o for o in outcomes if o.sent is not None and o.sent < t_signal and o.status == 200]
     in_flight = [o for o in admitted if o.ended > t_signal]
     after = [o for o in outcomes if o not in admitted]
-    bad_admitted = [o for o in admitted if o.status != 200]
-    check(not bad_admitted, f"admitted before SIGTERM but not answered 200: {bad_admitted[:5]}")
     wrong_status = [o for o in outcomes if o.status is not None and o.status not in (200, 429, 503)]
     check(not wrong_status, f"answers other than 200/429/503: {wrong_status[:5]}")
     timeouts = [o for o in outcomes if o.error and "timed out" in o.error.lower()]
     check(not timeouts, f"requests that timed out: {timeouts[:5]}")
     check(len(in_flight) >= 2, f"only {len(in_flight)} requests were in flight at SIGTERM: the burst proved nothing")
-    log = logs(name)  # the container is removed after the phase: what its end said goes with a failure
     check(
         exit_code in ("0", "143"),
         f"exit status {exit_code} (0, or 143 = SIGTERM re-raised, expected); the log's end:\n{log[-1500:]}",
@@ -538,7 +550,7 @@ def check_sigterm(port: int, name: str, drain_timeout: float, workers: int = 16)
         key = str(o.status) if o.status else (o.error or "?").split(":")[0]
         late[key] = late.get(key, 0) + 1
     return (
-        f"{len(outcomes)} requests from {workers} clients; {len(admitted)} admitted before SIGTERM, all 200, "
+        f"{len(outcomes)} requests from {workers} clients; {len(admitted)} sent before SIGTERM and answered 200, "
         f"{len(in_flight)} of them in flight at SIGTERM (finished {drained:.2f} s after it); after SIGTERM: {late}; "
         f"exit {exit_code} {t_exit - t_signal:.2f} s after SIGTERM"
     )
