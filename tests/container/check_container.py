@@ -771,6 +771,7 @@ def main() -> int:
                 prune_dangling()
                 info["note"] = "docker image prune --force"
         if not args.skip_build:
+            built_stages: set[str] = set()  # demo needs build-cpu, which the cpu phase has built (and tagged) already
             for target in ("cpu", "demo", "gpu", "export"):
                 if (target == "gpu" and args.skip_gpu) or (target == "export" and args.skip_export):
                     continue
@@ -778,7 +779,9 @@ def main() -> int:
                     check_free_space(target)
                     extra = torch_context if target in ("demo", "export") else None
                     for stage in DEPENDENCY_STAGES[target]:
-                        build(stage, f"{args.tag}-stage:{stage}", log_dir, extra)
+                        if stage not in built_stages:
+                            build(stage, f"{args.tag}-stage:{stage}", log_dir, extra)
+                            built_stages.add(stage)
                     build(target, tags[target], log_dir, extra)
                     if args.prune:  # the image this build replaced is dangling now: free its layers at once
                         prune_dangling()
