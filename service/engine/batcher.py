@@ -26,11 +26,13 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import math
 import operator
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,10 +80,12 @@ class _Request:
     Cheaper than a future per row plus gather and wait_for: at thousands of requests a second that is the
     engine's event loop."""
 
-    __slots__ = ("future", "outputs", "queued_ns", "remaining", "timer")
+    __slots__ = ("future", "outputs", "queued", "queued_ns", "remaining", "ticket", "timer")
 
-    def __init__(self, future: asyncio.Future, rows: int) -> None:
+    def __init__(self, future: asyncio.Future, rows: int, ticket: Ticket) -> None:
         self.future = future
+        self.ticket = ticket
+        self.queued = rows  # rows not taken into a batch yet
         self.outputs: list[Any] = [None] * rows
         self.remaining = rows
         self.timer: asyncio.TimerHandle | None = None  # the deadline's; cancelled once answered
@@ -112,7 +116,7 @@ class _Request:
 class _Item:
     """One queued row. A plain class with slots: the engine makes one per row, tens of thousands a second."""
 
-    __slots__ = ("enqueued", "index", "length", "request", "row", "ticket")
+    __slots__ = ("enqueued", "gone", "index", "length", "request", "row", "ticket")
 
     def __init__(self, row: Any, length: int, ticket: Ticket, request: _Request, index: int, enqueued: float) -> None:
         self.row = row
@@ -121,9 +125,13 @@ class _Item:
         self.request = request
         self.index = index
         self.enqueued = enqueued  # time.monotonic()
+        self.gone = False  # taken into a batch, or dropped (its request answered, cancelled or past its deadline)
 
-    def dead(self, now: float) -> bool:
-        return self.request.future.done() or self.ticket.cancelled or now > self.ticket.deadline
+
+def _dead(request: _Request, now: float) -> bool:
+    """The request's rows need not run: it is answered already (another row failed, the deadline passed), its
+    client went away, or its deadline is past."""
+    return request.future.done() or request.ticket.cancelled or now > request.ticket.deadline
 
 
 class Batcher:
@@ -159,7 +167,19 @@ class Batcher:
         self._pending_tokens = 0
         self.max_padding_ratio = max_padding_ratio
         self._observer = observer
-        self._pending: list[_Item] = []
+        # The queue, three views of one set of rows, kept in step so that taking a batch costs the batch, not the
+        # queue (at saturation the queue holds thousands of rows, and a batch is taken hundreds of times a second):
+        # - arrival order, for the oldest row: rows taken or dropped stay until they reach the head (`gone`);
+        # - by length, stable (arrival order within a length), for the oldest row's neighbours: rows that arrived
+        #   since the last batch wait unsorted, and join in one sort when a batch is taken (the sorted part is one
+        #   run, so that sort is a merge, in C);
+        # - the requests with rows queued (each counts its own), to find the dead ones without a pass over every
+        #   row.
+        self._arrivals: deque[_Item] = deque()
+        self._by_length: list[_Item] = []
+        self._unsorted: list[_Item] = []
+        self._queued: set[_Request] = set()  # the requests with rows queued
+        self._queued_rows = 0
         self._wakeup = asyncio.Event()
         self.streams = streams
         # batches on the device threads at once: one running per stream, and the next, ready to start
@@ -186,10 +206,15 @@ class Batcher:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
 
+    @property
+    def queued_rows(self) -> int:
+        """Rows queued, not taken into a batch yet (dead ones too, until the next batch is taken drops them)."""
+        return self._queued_rows
+
     def idle(self) -> bool:
         """No row queued, none being prepared, no batch on the device: stopping now answers nothing with an error
         (how the engine drains an old version of a model before it closes it)."""
-        return not self._pending and not self._taken and self._batches_on_device() == 0
+        return not self._queued_rows and not self._taken and self._batches_on_device() == 0
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -197,9 +222,15 @@ class Batcher:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._runs:  # the batches on the device finish and answer their requests
             await asyncio.gather(*self._runs, return_exceptions=True)
-        for item in (*self._taken, *self._pending):  # a batch stopped while being prepared is answered too
+        queued = [item for item in self._arrivals if not item.gone]
+        for item in (*self._taken, *queued):  # a batch stopped while being prepared is answered too
             item.request.set_exception(NotReady("the server is shutting down"))
-        self._pending.clear()
+        self._arrivals.clear()
+        self._by_length = []
+        self._unsorted = []
+        self._queued.clear()
+        self._queued_rows = 0
+        self._pending_tokens = 0
         self._taken = []
         self._executor.shutdown(wait=True)
         self._prepare_executor.shutdown(wait=True)
@@ -233,22 +264,25 @@ class Batcher:
                 f"this request needs {len(rows)} model rows (inputs and windows); the queue of model {self.name} "
                 f"holds at most {self.max_queue_rows}: send fewer or shorter inputs"
             )
-        if len(self._pending) + len(rows) > self.max_queue_rows:
-            raise Overloaded(f"model {self.name} has {len(self._pending)} rows queued; try again shortly")
+        if self._queued_rows + len(rows) > self.max_queue_rows:
+            raise Overloaded(f"model {self.name} has {self._queued_rows} rows queued; try again shortly")
         tokens = sum(len(row) for row in rows)
         wait = self.expected_wait_s(tokens)
-        if self._pending and wait > self.max_queue_s:
+        if self._queued_rows and wait > self.max_queue_s:
             raise Overloaded(
-                f"model {self.name} has {len(self._pending)} rows queued: with this request about {wait:.1f} s of "
+                f"model {self.name} has {self._queued_rows} rows queued: with this request about {wait:.1f} s of "
                 f"work, over the {self.max_queue_s:g} s bound (--max-queue-s); try again shortly",
                 retry_after_s=max(1, min(30, math.ceil(wait - self.max_queue_s))),
             )
-        request = _Request(loop.create_future(), len(rows))
+        request = _Request(loop.create_future(), len(rows), ticket)
         if ticket.trace is not None:
             request.queued_ns = time.time_ns()
         now = time.monotonic()
         items = [_Item(row, len(row), ticket, request, index, now) for index, row in enumerate(rows)]
-        self._pending.extend(items)
+        self._arrivals.extend(items)
+        self._unsorted.extend(items)
+        self._queued.add(request)
+        self._queued_rows += len(items)
         self._pending_tokens += tokens
         if now >= self._depth_reported_at + DEPTH_REPORT_S:
             self._report_depth()
@@ -269,7 +303,7 @@ class Batcher:
         request.set_exception(
             DeadlineExceeded(
                 f"the request was not answered within its deadline (model {self.name}, "
-                f"{rows} rows, {len(self._pending)} rows queued)"
+                f"{rows} rows, {self._queued_rows} rows queued)"
             )
         )
 
@@ -330,7 +364,7 @@ class Batcher:
         thread when the running one ends (None: not now). Taken when the device is free instead, the batch waited
         for this event loop to hear of it, take it and hand it over: under 1-input load on an H100 the device idled
         longer between batches than it ran them."""
-        if self.streams != 1 or self._batch_s is None or not self._pending:
+        if self.streams != 1 or self._batch_s is None or not self._queued_rows:
             return None
         started = list(self._running_since.values())
         if not started:  # queued, not running yet: nothing is about to end
@@ -384,14 +418,15 @@ class Batcher:
         return self._executor.submit(self._on_device, prepared, time.monotonic())
 
     async def _wait_for_work(self) -> None:
-        while not self._pending:
+        while not self._queued_rows:
             self._wakeup.clear()
             await self._wakeup.wait()
 
     async def _wait_to_fill(self) -> None:
-        if not self._pending:
+        oldest = self._oldest()
+        if oldest is None:
             return
-        deadline = self._pending[0].enqueued + self.max_wait_s  # the queue is in arrival order
+        deadline = oldest.enqueued + self.max_wait_s
         while not self._can_fill() and (remaining := deadline - time.monotonic()) > 0:
             self._wakeup.clear()
             try:
@@ -400,26 +435,32 @@ class Batcher:
                 return
 
     def _can_fill(self) -> bool:
-        return (
-            len(self._pending) >= self.max_batch_size
-            or sum(item.length for item in self._pending) >= self.max_batch_tokens
-        )
+        return self._queued_rows >= self.max_batch_size or self._pending_tokens >= self.max_batch_tokens
 
     def _take_batch(self) -> list[_Item]:
         """Drop dead rows; then the oldest row plus its nearest neighbours in length, within the budgets.
 
-        Runs once per batch over the whole queue (hundreds of rows at saturation), on the engine's event loop:
-        the queue is kept in arrival order, so the oldest row is the first, and a stable sort by length keeps
+        Runs once per batch on the engine's event loop, at saturation hundreds of times a second over thousands
+        of queued rows: its cost is the queued requests' (one look at each for a dead one) and the batch's, not a
+        pass over every queued row. The oldest row is the first of its length in the by-length view, which keeps
         rows of one length in arrival order."""
+        by_length = self._by_length
+        if self._unsorted:  # newer than every sorted row: a stable sort keeps arrival order within a length
+            by_length += self._unsorted
+            by_length.sort(key=_LENGTH)
+            self._unsorted = []
         now = time.monotonic()
-        self._pending = pending = [item for item in self._pending if not item.dead(now)]
-        if not pending:
-            self._pending_tokens = 0
+        dead = [request for request in self._queued if _dead(request, now)]
+        if dead:
+            self._drop(dead)
+        oldest = self._oldest()
+        if oldest is None:
             self._report_depth()
             return []
-        by_length = sorted(pending, key=_LENGTH)
-        oldest = pending[0]
-        low = high = by_length.index(oldest)
+        by_length = self._by_length  # _drop may have replaced it
+        low = high = bisect.bisect_left(by_length, oldest.length, key=_LENGTH)
+        if by_length[low] is not oldest:  # cannot happen while the views are in step; kept correct regardless
+            low = high = by_length.index(oldest)
         real = oldest.length
         last = len(by_length) - 1
         while high - low + 1 < self.max_batch_size:
@@ -447,14 +488,40 @@ class Batcher:
             else:
                 break
         batch = by_length[low : high + 1]
-        if len(batch) == len(pending):
-            self._pending = []
-        else:
-            chosen = set(map(id, batch))
-            self._pending = [item for item in pending if id(item) not in chosen]
-        self._pending_tokens = sum(item.length for item in self._pending)
+        del by_length[low : high + 1]
+        queued = self._queued
+        for item in batch:
+            item.gone = True
+            request = item.request
+            request.queued -= 1
+            if request.queued == 0:
+                queued.discard(request)
+        self._queued_rows -= len(batch)
+        self._pending_tokens -= real
         self._report_depth()
         return batch
+
+    def _oldest(self) -> _Item | None:
+        """The oldest queued row (dead or not: dead rows are dropped when a batch is taken), or None."""
+        arrivals = self._arrivals
+        while arrivals and arrivals[0].gone:
+            arrivals.popleft()
+        return arrivals[0] if arrivals else None
+
+    def _drop(self, requests: list[_Request]) -> None:
+        """Drop the queued rows of these requests (answered already, cancelled, or past their deadline)."""
+        for request in requests:
+            self._queued.discard(request)
+        dropped = set(requests)
+        kept: list[_Item] = []
+        for item in self._by_length:
+            if item.request in dropped:
+                item.gone = True
+                self._queued_rows -= 1
+                self._pending_tokens -= item.length
+            else:
+                kept.append(item)
+        self._by_length = kept
 
     def _fits(self, width: int, count: int, real_tokens: int) -> bool:
         """Within the token budget at the cost the runtime really pays (its bucket's, with shape buckets), and
@@ -587,7 +654,7 @@ class Batcher:
         process mode the gauge is a file write, a tenth of the engine's own work per 1-input request)."""
         self._depth_reported_at = time.monotonic()
         if self._observer is not None:
-            self._observer.on_queue_depth(len(self._pending))
+            self._observer.on_queue_depth(self._queued_rows)
 
 
 def _failed(span: Span, error: BaseException | None) -> None:

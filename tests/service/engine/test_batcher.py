@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -87,7 +88,7 @@ async def until(condition: Callable[[], object], what: str, timeout: float = PRO
 
 def on_device(batcher: Batcher, batches: int) -> Callable[[], bool]:
     """Nothing queued, and `batches` batches handed to the device threads (running, or next to run)."""
-    return lambda: not batcher._pending and batcher._batches_on_device() == batches
+    return lambda: not batcher.queued_rows and batcher._batches_on_device() == batches
 
 
 def test_concurrent_requests_get_their_own_answers_in_order_with_fewer_calls() -> None:
@@ -139,7 +140,7 @@ def test_full_queue_is_refused_at_once() -> None:
         prepared = asyncio.create_task(batcher.submit(rows("b", [5] * 8), Ticket.with_timeout(5)))
         await until(on_device(batcher, 2), "the full batch taken while the first runs")
         blocked = asyncio.create_task(batcher.submit(rows("c", [5] * 8), Ticket.with_timeout(5)))
-        await until(lambda: len(batcher._pending) == 8, "the next batch queued")
+        await until(lambda: batcher.queued_rows == 8, "the next batch queued")
         with pytest.raises(Overloaded) as refused:
             await batcher.submit(rows("d", [5] * 3), Ticket.with_timeout(5))
         runner.gate.set()
@@ -243,9 +244,7 @@ def test_queue_is_bounded_in_time_at_the_measured_cost_per_token() -> None:
         for k in range(5):  # one at a time, so that the loop takes its batches as a server's would
             held.append(asyncio.create_task(batcher.submit(rows(f"q{k}-", [10] * 8), Ticket.with_timeout(20))))
             await until(  # q0 runs, q1 is taken early, the rest queue
-                lambda k=k: (
-                    batcher._batches_on_device() == min(k + 1, 2) and len(batcher._pending) == 8 * max(0, k - 1)
-                ),
+                lambda k=k: batcher._batches_on_device() == min(k + 1, 2) and batcher.queued_rows == 8 * max(0, k - 1),
                 f"q{k} taken or queued",
             )
         queued_tokens = batcher.expected_wait_s() / measured
@@ -320,7 +319,7 @@ def test_cancelled_tickets_are_skipped() -> None:
         await until(on_device(batcher, 1), "the first batch on the device")
         gone = Ticket.with_timeout(5)
         abandoned = asyncio.create_task(batcher.submit(rows("gone", [5, 6]), gone))
-        await until(lambda: len(batcher._pending) == 2, "its rows queued")
+        await until(lambda: batcher.queued_rows == 2, "its rows queued")
         gone.cancelled = True  # the client went away
         abandoned.cancel()
         runner.gate.set()
@@ -413,7 +412,7 @@ def test_when_a_batch_ends_the_next_goes_to_the_device_before_its_rows_are_answe
         first = [asyncio.create_task(request(tag)) for tag in "abc"]
         await until(lambda: batcher.device_busy_s() > 0, "the first batch on the device")
         last = asyncio.create_task(request("d"))
-        await until(lambda: len(batcher._pending) == 1, '"d" queued')
+        await until(lambda: batcher.queued_rows == 1, '"d" queued')
         runner.gate.set()
         await asyncio.gather(*first, last)  # "d" waits for the device; it is on it before "a" is answered
 
@@ -564,3 +563,91 @@ def test_with_one_stream_the_next_batch_is_on_the_device_thread_when_the_running
     gaps = [after[0] - before[1] for before, after in itertools.pairwise(spans) if until - 1 < after[0] < until]
     assert len(gaps) >= 6
     assert sorted(gaps)[len(gaps) // 2] < 0.02, gaps  # taken once the device was free: 0.04 s or more each
+
+
+def _reference_take(batcher: Batcher, pending: list, dead: set[int]) -> tuple[list, list]:
+    """The batch the batcher must take, computed the plain way: every live row sorted by length (stably, so
+    arrival order within a length), the window grown from the oldest row by the batcher's own rules."""
+    pending = [entry for entry in pending if entry[0] not in dead]  # (request number, row)
+    if not pending:
+        return [], []
+    by_length = sorted(pending, key=lambda entry: entry[1].length)
+    oldest = pending[0]
+    low = high = next(k for k, entry in enumerate(by_length) if entry is oldest)
+    real = oldest[1].length
+    last = len(by_length) - 1
+    while high - low + 1 < batcher.max_batch_size:
+        left = by_length[low - 1][1] if low > 0 else None
+        right = by_length[high + 1][1] if high < last else None
+        count = high - low + 2
+        widest = by_length[high][1].length
+        fits_left = left is not None and batcher._fits(widest, count, real + left.length)
+        fits_right = right is not None and batcher._fits(right.length, count, real + right.length)
+        if (
+            left is not None
+            and fits_left
+            and (
+                right is None
+                or not fits_right
+                or oldest[1].length - left.length <= right.length - oldest[1].length
+                or batcher._padded_cost(count, right.length) > batcher._padded_cost(count, widest)
+            )
+        ):
+            low -= 1
+            real += left.length
+        elif right is not None and fits_right:
+            high += 1
+            real += right.length
+        else:
+            break
+    batch = by_length[low : high + 1]
+    chosen = {id(entry) for entry in batch}
+    return [entry for entry in pending if id(entry) not in chosen], batch
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_batch_size": 8, "max_batch_tokens": 256},
+        {"max_batch_size": 32, "max_batch_tokens": 512, "max_padding_ratio": 1.5},
+        {"max_batch_size": 16, "max_batch_tokens": 400, "padded_cost": lambda count, width: count * -(-width // 8) * 8},
+    ],
+)
+def test_batches_taken_match_a_plain_sort_of_the_queue(options):
+    """The queue is kept in views updated per request and per batch (no pass over every row per batch); what a batch
+    takes must be what sorting the live rows each time gives, through enqueues, cancelled requests and takes."""
+
+    async def main():
+        batcher = Batcher("test", Recorder(), max_wait_s=0.02, max_queue_rows=10_000, **options)
+        batcher._task = asyncio.get_running_loop().create_future()  # "running", without the loop taking batches
+        rng = random.Random(7)
+        pending: list = []  # (request number, row), arrival order
+        tickets: dict[int, Ticket] = {}
+        dead: set[int] = set()
+        taken = 0
+        for step in range(600):
+            action = rng.random()
+            if action < 0.45:
+                number = step
+                tickets[number] = Ticket.with_timeout(600)
+                lengths = [rng.choice([3, 5, 5, 8, 9, 12, 16, 17, 24, 31, 40, 64]) for _ in range(rng.randint(1, 16))]
+                batch_rows = rows(f"r{number}.", lengths)
+                batcher.enqueue(batch_rows, tickets[number])
+                pending += [(number, row) for row in batch_rows]
+            elif action < 0.55 and pending:
+                number = rng.choice(pending)[0]
+                tickets[number].cancel()  # the client went away: its rows are dropped when the next batch is taken
+                dead.add(number)
+            else:
+                pending, expected = _reference_take(batcher, pending, dead)
+                batch = batcher._take_batch()
+                assert [item.row.tag for item in batch] == [row.tag for _, row in expected], f"step {step}"
+                taken += bool(batch)
+                assert batcher.queued_rows == len(pending)
+                assert batcher._pending_tokens == sum(row.length for _, row in pending)
+        assert taken > 100
+        batcher._task.cancel()
+        batcher._task = None
+        await batcher.stop()
+
+    asyncio.run(main())
