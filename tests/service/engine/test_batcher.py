@@ -565,44 +565,18 @@ def test_with_one_stream_the_next_batch_is_on_the_device_thread_when_the_running
     assert sorted(gaps)[len(gaps) // 2] < 0.02, gaps  # taken once the device was free: 0.04 s or more each
 
 
-def _reference_take(batcher: Batcher, pending: list, dead: set[int]) -> tuple[list, list]:
-    """The batch the batcher must take, computed the plain way: every live row sorted by length (stably, so
-    arrival order within a length), the window grown from the oldest row by the batcher's own rules."""
-    pending = [entry for entry in pending if entry[0] not in dead]  # (request number, row)
-    if not pending:
-        return [], []
-    by_length = sorted(pending, key=lambda entry: entry[1].length)
-    oldest = pending[0]
-    low = high = next(k for k, entry in enumerate(by_length) if entry is oldest)
-    real = oldest[1].length
-    last = len(by_length) - 1
-    while high - low + 1 < batcher.max_batch_size:
-        left = by_length[low - 1][1] if low > 0 else None
-        right = by_length[high + 1][1] if high < last else None
-        count = high - low + 2
-        widest = by_length[high][1].length
-        fits_left = left is not None and batcher._fits(widest, count, real + left.length)
-        fits_right = right is not None and batcher._fits(right.length, count, real + right.length)
-        if (
-            left is not None
-            and fits_left
-            and (
-                right is None
-                or not fits_right
-                or oldest[1].length - left.length <= right.length - oldest[1].length
-                or batcher._padded_cost(count, right.length) > batcher._padded_cost(count, widest)
-            )
-        ):
-            low -= 1
-            real += left.length
-        elif right is not None and fits_right:
-            high += 1
-            real += right.length
-        else:
-            break
-    batch = by_length[low : high + 1]
-    chosen = {id(entry) for entry in batch}
-    return [entry for entry in pending if id(entry) not in chosen], batch
+async def _fresh_take(options: dict, live: list[FakeRow]) -> list[str]:
+    """The batch a new batcher takes from just these rows, queued in this (arrival) order in one go: the whole queue
+    sorted at once, as the batcher did on every batch before it kept its views in step."""
+    fresh = Batcher("fresh", Recorder(), max_wait_s=0.02, max_queue_rows=10_000, **options)
+    fresh._task = asyncio.get_running_loop().create_future()  # "running", without the loop taking batches
+    if live:
+        fresh.enqueue(live, Ticket.with_timeout(600))
+    tags = [item.row.tag for item in fresh._take_batch()]
+    fresh._task.cancel()
+    fresh._task = None
+    await fresh.stop()
+    return tags
 
 
 @pytest.mark.parametrize(
@@ -639,9 +613,12 @@ def test_batches_taken_match_a_plain_sort_of_the_queue(options):
                 tickets[number].cancel()  # the client went away: its rows are dropped when the next batch is taken
                 dead.add(number)
             else:
-                pending, expected = _reference_take(batcher, pending, dead)
+                pending = [(number, row) for number, row in pending if number not in dead]
+                expected = await _fresh_take(options, [row for _, row in pending])
                 batch = batcher._take_batch()
-                assert [item.row.tag for item in batch] == [row.tag for _, row in expected], f"step {step}"
+                assert [item.row.tag for item in batch] == expected, f"step {step}"
+                chosen = set(expected)
+                pending = [(number, row) for number, row in pending if row.tag not in chosen]
                 taken += bool(batch)
                 assert batcher.queued_rows == len(pending)
                 assert batcher._pending_tokens == sum(row.length for _, row in pending)
