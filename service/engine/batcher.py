@@ -116,13 +116,12 @@ class _Request:
 class _Item:
     """One queued row. A plain class with slots: the engine makes one per row, tens of thousands a second."""
 
-    __slots__ = ("enqueued", "gone", "index", "length", "request", "row", "ticket")
+    __slots__ = ("enqueued", "gone", "index", "length", "request", "row")
 
-    def __init__(self, row: Any, length: int, ticket: Ticket, request: _Request, index: int, enqueued: float) -> None:
+    def __init__(self, row: Any, length: int, request: _Request, index: int, enqueued: float) -> None:
         self.row = row
         self.length = length
-        self.ticket = ticket
-        self.request = request
+        self.request = request  # its ticket is the request's
         self.index = index
         self.enqueued = enqueued  # time.monotonic()
         self.gone = False  # taken into a batch, or dropped (its request answered, cancelled or past its deadline)
@@ -278,7 +277,7 @@ class Batcher:
         if ticket.trace is not None:
             request.queued_ns = time.time_ns()
         now = time.monotonic()
-        items = [_Item(row, len(row), ticket, request, index, now) for index, row in enumerate(rows)]
+        items = [_Item(row, len(row), request, index, now) for index, row in enumerate(rows)]
         self._arrivals.extend(items)
         self._unsorted.extend(items)
         self._queued.add(request)
@@ -557,7 +556,8 @@ class Batcher:
             # answer of the batch had been encoded (~80 at 1-input load on an H100), the device idle meanwhile.
             self._wakeup.set()
             for item in batch:
-                item.ticket.queue_seconds = max(item.ticket.queue_seconds, run.started - item.enqueued)
+                ticket = item.request.ticket
+                ticket.queue_seconds = max(ticket.queue_seconds, run.started - item.enqueued)
             error = run.error
             if error is None and len(run.outputs) != len(batch):
                 error = RuntimeError(f"runner returned {len(run.outputs)} outputs for {len(batch)} rows")
@@ -579,7 +579,7 @@ class Batcher:
         width = max(item.length for item in batch)
         real = sum(item.length for item in batch)
         self._learn_cost(seconds, real)
-        for ticket in {id(item.ticket): item.ticket for item in batch}.values():
+        for ticket in {id(item.request.ticket): item.request.ticket for item in batch}.values():
             ticket.inference_seconds += seconds
             ticket.inference_calls += 1
         if self._observer is not None:
@@ -592,10 +592,10 @@ class Batcher:
         spans (after the answers are queued: they do not wait for this)."""
         traced: dict[int, list[Any]] = {}  # id(request) -> [request, its span, its rows in this batch]
         for item in batch:
-            if item.ticket.trace is not None:
+            if item.request.ticket.trace is not None:
                 entry = traced.get(id(item.request))
                 if entry is None:
-                    traced[id(item.request)] = [item.request, item.ticket.trace, 1]
+                    traced[id(item.request)] = [item.request, item.request.ticket.trace, 1]
                 else:
                     entry[2] += 1
         if not traced:
@@ -665,4 +665,4 @@ def _failed(span: Span, error: BaseException | None) -> None:
 
 def _ids(batch: list[_Item]) -> str:
     """The request ids of a batch's rows, each once, for a log line about the batch (which spans requests)."""
-    return ", ".join(dict.fromkeys(item.ticket.request_id or "-" for item in batch))
+    return ", ".join(dict.fromkeys(item.request.ticket.request_id or "-" for item in batch))
