@@ -38,6 +38,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import pairwise
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -204,29 +206,30 @@ def _given_word(window: list[TokenSpan], text_index: int) -> int | None:
 def _token_spans(
     text: str, encoding: Encoding, shift: int, word_aware: bool, unk_id: int | None, words: Words | None
 ) -> list[TokenSpan]:
-    spans = []
-    given_word = -1
+    """The window's non-special tokens. One is made per token of every request: the loop is written out (no call per
+    token but the tuple's own) for the serving path."""
+    spans: list[TokenSpan] = []
+    append = spans.append
+    make = tuple.__new__  # TokenSpan's fields in order, without the named tuple's Python-level __new__
+    given_word, previous = -1, -1
     for position, (token_id, token, (start, end), special) in enumerate(
         zip(encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True)
     ):
         if special:
             continue
-        word = text[start:end] if token_id == unk_id else token
+        unknown = token_id == unk_id
+        word = text[start:end] if unknown else token
         if words is not None:  # a token continues the given word that the token before it is in
             previous, given_word = given_word, words.first(start)
             is_subword = given_word == previous
-        else:  # an unknown token starts a word
-            is_subword = token_id != unk_id and _is_subword(text, token, start, end, word_aware)
-        spans.append(TokenSpan(position, position + shift, word, start, end, is_subword, given_word))
+        elif unknown:  # an unknown token starts a word
+            is_subword = False
+        elif word_aware:  # a continuation piece carries its mark ("##ing" covers "ing"): the lengths differ
+            is_subword = len(token) != len(text[start:end])
+        else:  # no marks to go by: a token continues a word unless a space ends the text before it or starts its own
+            is_subword = start > 0 and " " not in text[start - 1 : start + 1]
+        append(make(TokenSpan, (position, position + shift, word, start, end, is_subword, given_word)))
     return spans
-
-
-def _is_subword(text: str, token: str, start: int, end: int, word_aware: bool) -> bool:
-    if word_aware:
-        # A continuation piece carries its mark ("##ing" covers "ing"): the lengths differ.
-        return len(token) != len(text[start:end])
-    # No marks to go by: a token continues a word unless a space ends the text before it or starts its own text.
-    return start > 0 and " " not in text[start - 1 : start + 1]
 
 
 def postprocess(
@@ -244,7 +247,7 @@ def postprocess(
     if features.words is not None and strategy in WORD_STRATEGIES:
         windows = _whole_words(windows)
     per_window = [
-        _window_entities(tokens, _softmax(window_logits), labels, strategy, features.join_tokens, ignore_labels)
+        _window_entities(tokens, window_logits, labels, strategy, features.join_tokens, ignore_labels)
         for tokens, window_logits in zip(windows, logits, strict=True)
     ]
     if len(per_window) == 1:
@@ -277,13 +280,16 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def _window_entities(
     tokens: list[TokenSpan],
-    scores: np.ndarray,
+    logits: np.ndarray,
     labels: list[str],
     strategy: str,
     join_tokens: Callable[[Sequence[str]], str],
     ignore_labels: tuple[str, ...],
 ) -> list[Entity]:
     """One window's entities, filtered: tokens for "none", entity groups otherwise."""
+    if strategy == "simple":
+        return _simple_entities(tokens, logits, labels, join_tokens, ignore_labels)
+    scores = _softmax(logits)
     if strategy in WORD_STRATEGIES:
         tagged = _tag_words(tokens, scores, labels, strategy, join_tokens)
     else:
@@ -306,6 +312,75 @@ def _tag_tokens(tokens: list[TokenSpan], scores: np.ndarray, labels: list[str]) 
         _Tagged(labels[label], score, token.word, token.start, token.end, token.text_index)
         for token, label, score in zip(tokens, best.tolist(), best_scores, strict=True)
     ]
+
+
+def _simple_entities(
+    tokens: list[TokenSpan],
+    logits: np.ndarray,
+    labels: list[str],
+    join_tokens: Callable[[Sequence[str]], str],
+    ignore_labels: tuple[str, ...],
+) -> list[Entity]:
+    """Strategy "simple" for one window: `_tag_tokens`, `_group_tags` and the filter without an object per token:
+    the labels and their scores found for the whole window by numpy, the groups' bounds by one loop over label
+    ids, so that only the kept groups (the entities, a few tokens of a text) cost more; most of a text is "O"
+    runs, dropped unseen. The same entities, bit for bit: the softmax is taken row by row, so taking it over the
+    tokens' rows alone changes no score, and a row's max is its score at its argmax."""
+    if not tokens:
+        return []
+    first, last = tokens[0].position, tokens[-1].position
+    if last - first + 1 == len(tokens):  # the usual window: its text tokens in a row between the special ones
+        token_scores = _softmax(logits[first : last + 1])
+    else:
+        token_scores = _softmax(logits[[token.position for token in tokens]])
+    best = token_scores.argmax(axis=-1).tolist()
+    best_scores = token_scores.max(axis=-1)
+    begins, tag_ids, group_tags, kept = _label_kinds(tuple(labels), ignore_labels)
+    bounds = [0]  # a new group at the first token, at every B- tag and at every change of tag
+    previous = tag_ids[best[0]]
+    for index in range(1, len(best)):
+        label = best[index]
+        tag = tag_ids[label]
+        if begins[label] or tag != previous:
+            bounds.append(index)
+        previous = tag
+    bounds.append(len(best))
+    entities = []
+    for start, end in pairwise(bounds):
+        label = best[start]
+        if kept[label]:
+            entities.append(
+                {
+                    "entity_group": group_tags[label],
+                    "score": _mean_score(best_scores[start:end]),
+                    "word": join_tokens([token.word for token in tokens[start:end]]),
+                    "start": tokens[start].start,
+                    "end": tokens[end - 1].end,
+                }
+            )
+    return entities
+
+
+class _LabelKinds(NamedTuple):
+    """What grouping needs of each label, by label id (`_bio`, `_group_tag`)."""
+
+    begins: list[bool]  # a B- label
+    tag_ids: list[int]  # the same id for labels of the same tag (B-PER, I-PER)
+    group_tags: list[str]  # the entity_group a group starting with the label is named
+    kept: list[bool]  # a group starting with the label is not in ignore_labels
+
+
+@lru_cache(maxsize=64)
+def _label_kinds(labels: tuple[str, ...], ignore_labels: tuple[str, ...]) -> _LabelKinds:
+    bio = [_bio(label) for label in labels]
+    tag_ids: dict[str, int] = {}
+    group_tags = [label.split("-", 1)[-1] for label in labels]  # as `_group_tag`
+    return _LabelKinds(
+        begins=[prefix == "B" for prefix, _ in bio],
+        tag_ids=[tag_ids.setdefault(tag, len(tag_ids)) for _, tag in bio],
+        group_tags=group_tags,
+        kept=[tag not in ignore_labels for tag in group_tags],
+    )
 
 
 def _split_words(tokens: list[TokenSpan]) -> list[list[TokenSpan]]:
@@ -382,12 +457,12 @@ def _entity_group(group: list[_Tagged], join_tokens: Callable[[Sequence[str]], s
     }
 
 
-def _mean_score(scores: list[float]) -> float:
+def _mean_score(scores: Sequence[float] | np.ndarray) -> float:
     """The pipeline's `np.nanmean` over float32 scores. One score is its own mean; without a NaN among several it
     is the plain float32 mean (the same sum and division, checked bit for bit), at a third of the cost."""
     if len(scores) == 1:
-        return scores[0]
-    values = np.array(scores, dtype=np.float32)
+        return float(scores[0])
+    values = np.asarray(scores, dtype=np.float32)
     mean = values.mean()
     return float(np.nanmean(values) if np.isnan(mean) else mean)
 

@@ -462,3 +462,40 @@ def test_entity_scores_are_the_float32_nanmean_the_pipeline_takes() -> None:
     assert ner._mean_score([0.5, float("nan"), 0.25]) == pytest.approx(0.375)
     with pytest.warns(RuntimeWarning, match="empty slice"):  # as np.nanmean over all-NaN scores warns
         assert np.isnan(ner._mean_score([float("nan"), float("nan")]))
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
+        ["O", "PER", "LOC", "B-LOC"],  # labels without a prefix continue as I- tags do
+        ["O", "B-X-Y", "I-X-Y", "E-X-Y", "S-Z"],  # BIOES: E- and S- are tags of their own for grouping
+        ["LABEL_0", "LABEL_1"],
+    ],
+)
+def test_simple_groups_as_tagging_each_token_then_grouping_does(labels: list[str]) -> None:
+    # "simple" finds tags and groups with numpy over the window; the entities must be those of tagging every token,
+    # grouping the tagged items and filtering the groups, bit for bit, scores included; with the window's text
+    # tokens in a row (sliced) and not (an index per token).
+    rng = np.random.default_rng(11)
+
+    def join(words) -> str:
+        return "+".join(words)
+
+    for trial in range(300):
+        length = int(rng.integers(0, 40))
+        logits = rng.normal(0, 2, (length + 2, len(labels))).astype(np.float32)
+        logits[:, 0] += rng.uniform(0, 4)  # runs of the first label, as "O" runs in a text
+        if trial % 7 == 0:
+            logits[: length // 2] = logits[0]  # equal rows: equal scores inside a group
+        positions = list(range(1, length + 1))
+        if trial % 3 == 0 and length > 2:  # a gap: not every row is a text token
+            positions = sorted(rng.choice(np.arange(1, length + 1), size=length - 2, replace=False).tolist())
+        tokens = [ner.TokenSpan(p, p + 5, f"w{p}", 3 * p, 3 * p + 2, False) for p in positions]
+        ignore = tuple(labels[:1]) if trial % 2 else ()
+        expected = [
+            ner._entity_group(group, join)
+            for group in ner._group_tags(ner._tag_tokens(tokens, ner._softmax(logits), labels))
+            if ner._group_tag(group) not in ignore
+        ]
+        assert ner._simple_entities(tokens, logits, labels, join, ignore) == expected
