@@ -17,6 +17,9 @@ from typing import Literal
 from tokenizers import Encoding, Tokenizer
 
 TruncationStrategy = Literal["longest_first", "only_first", "only_second"]
+# A text (or pair) this short is encoded holding the GIL (`Tokenizer.encode`: tens of microseconds), not through
+# `encode_batch`, which lets go of the GIL for longer work but costs more for one short text.
+SHORT_CHARS = 1000
 
 
 class TextTokenizer:
@@ -41,6 +44,20 @@ class TextTokenizer:
             tokenizer.no_padding()
             tokenizer.no_truncation()
             self._local.tokenizer = tokenizer
+            self._local.truncation = None
+        return tokenizer
+
+    def _truncating(self, truncation: tuple[int, int, TruncationStrategy] | None) -> Tokenizer:
+        """This thread's tokenizer, truncating as asked (max_length, stride, strategy) or not at all (None); set
+        only where the thread's last call asked otherwise (most calls of a model ask the same)."""
+        tokenizer = self._tokenizer()
+        if self._local.truncation != truncation:
+            if truncation is None:
+                tokenizer.no_truncation()
+            else:
+                max_length, stride, strategy = truncation
+                tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy, direction="right")
+            self._local.truncation = truncation
         return tokenizer
 
     def encode(
@@ -58,19 +75,18 @@ class TextTokenizer:
         Windows are made the way transformers' fast tokenizers make them with `return_overflowing_tokens=True`
         (the tokenizers library's truncation with `stride` tokens of overlap).
         """
-        tokenizer = self._tokenizer()
-        if max_length is None:
-            tokenizer.no_truncation()
-        else:
-            tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy, direction="right")
+        tokenizer = self._truncating(None if max_length is None else (max_length, stride, strategy))
         encoding = tokenizer.encode(text, pair, add_special_tokens=add_special_tokens)
         return [encoding, *encoding.overflowing] if max_length is not None else [encoding]
 
     def encode_batch(self, items: Sequence[str | tuple[str, str]]) -> list[Encoding]:
         """Encode many texts (or pairs) at once, untruncated: one call into the tokenizers library, which lets
         go of the GIL while it works (`encode` holds it)."""
-        tokenizer = self._tokenizer()
-        tokenizer.no_truncation()
+        tokenizer = self._truncating(None)
+        if len(items) == 1:  # one short text: `encode`, without the batch's machinery, costs ~15% less
+            text, pair = (items[0], None) if isinstance(items[0], str) else items[0]
+            if len(text) + len(pair or "") <= SHORT_CHARS:
+                return [tokenizer.encode(text, pair)]
         return tokenizer.encode_batch(list(items))
 
     def count_tokens(self, text: str, pair: str | None = None) -> int:
@@ -78,7 +94,13 @@ class TextTokenizer:
         return len(self.encode(text, pair)[0].ids)
 
     def num_special_tokens(self, pair: bool) -> int:
-        return self._tokenizer().num_special_tokens_to_add(pair)
+        return self._special_tokens[pair]
+
+    @cached_property
+    def _special_tokens(self) -> dict[bool, int]:
+        """Special tokens added to a text (False) and to a pair (True): asked for every text a task prepares."""
+        tokenizer = self._tokenizer()
+        return {pair: tokenizer.num_special_tokens_to_add(pair) for pair in (False, True)}
 
     def tokens_to_string(self, tokens: Sequence[str]) -> str:
         """Join token strings into text with the tokenizer's decoder (spaces without one).
