@@ -246,13 +246,14 @@ class ModelRegistry:
         if name not in self.models and not self.engine.connected:  # its word on the models is still to come
             raise EngineUnavailable("the engine is not connected (starting or restarting); try again shortly")
         model = self.lookup(name)
-        if model.status == ModelStatus.UNLOADING:
+        status = model.status  # derived from the model's state each time it is read: once a request
+        if status == ModelStatus.UNLOADING:
             raise ModelNotFound(f"model {name} is being unloaded; GET /v1/models lists the served models")
-        if model.status == ModelStatus.FAILED:
+        if status == ModelStatus.FAILED:
             raise model.load_failure()
         if not self.engine.connected:
             raise EngineUnavailable("the engine is not connected (starting or restarting); try again shortly")
-        if model.status != ModelStatus.READY:
+        if status != ModelStatus.READY:
             raise NotReady.loading(name)
         return model
 

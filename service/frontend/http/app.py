@@ -143,6 +143,9 @@ def create_app(
         description="Sequence classification, NER and extractive QA with fine-tuned BERT-family encoders on "
         "ONNX Runtime, with dynamic batching. Errors share one body: {error, error_type, field}.",
         lifespan=lifespan,
+        # FastAPI's own OpenTelemetry (on where a global provider is set, e.g. under `opentelemetry-instrument`) off:
+        # the server traces itself (--otlp-endpoint; probes untraced), and its check cost ~10 us a request
+        telemetry={"tracing": False, "metrics": False, "logs": False},
         docs_url=None,  # FastAPI's own pages load their scripts from a CDN: service.frontend.http.docs serves them here
         redoc_url=None,
         openapi_url="/openapi.json" if settings.docs == "on" else None,

@@ -3,11 +3,17 @@ span a request's rows take to the engine."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from service import tracing
 from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[3]
 
 TRACE_ID, SPAN_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 
@@ -109,3 +115,38 @@ def test_a_sampled_span_is_what_the_rows_carry(tmp_path) -> None:
     finally:
         tracing.shutdown()
     assert not tracing.ENABLED
+
+
+GLOBAL_PROVIDER_SCRIPT = """
+import asyncio, httpx
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from service.frontend.http.app import create_app
+from service.settings import Settings
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+
+async def main():
+    transport = httpx.ASGITransport(app=create_app(Settings()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://bertserve") as client:
+        for path in ("/livez", "/v1/models/none/classify"):
+            await client.post(path, json={"inputs": ["x"]}) if "classify" in path else await client.get(path)
+
+asyncio.run(main())
+print(len(exporter.get_finished_spans()))
+"""
+
+
+def test_a_global_provider_gets_no_spans_from_the_framework() -> None:
+    # Under `opentelemetry-instrument` (a global SDK provider) FastAPI would trace every request, probes included,
+    # beside the server's own traces: the server's traces are its own (--otlp-endpoint), and FastAPI's are off.
+    result = subprocess.run(
+        [sys.executable, "-c", GLOBAL_PROVIDER_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "0", result.stdout
