@@ -289,17 +289,10 @@ def _window_entities(
     """One window's entities, filtered: tokens for "none", entity groups otherwise."""
     if strategy == "simple":
         return _simple_entities(tokens, logits, labels, join_tokens, ignore_labels)
-    scores = _softmax(logits)
     if strategy in WORD_STRATEGIES:
-        tagged = _tag_words(tokens, scores, labels, strategy, join_tokens)
-    else:
-        tagged = _tag_tokens(tokens, scores, labels)
-    if strategy == "none":
-        return [_token_entity(item) for item in tagged if item.label not in ignore_labels]
-    # Ignored groups (the "O" runs, most of a text) are dropped before their words are joined and scores averaged.
-    return [
-        _entity_group(group, join_tokens) for group in _group_tags(tagged) if _group_tag(group) not in ignore_labels
-    ]
+        return _word_entities(tokens, logits, labels, strategy, join_tokens, ignore_labels)
+    tagged = _tag_tokens(tokens, _softmax(logits), labels)
+    return [_token_entity(item) for item in tagged if item.label not in ignore_labels]
 
 
 def _tag_tokens(tokens: list[TokenSpan], scores: np.ndarray, labels: list[str]) -> list[_Tagged]:
@@ -321,11 +314,11 @@ def _simple_entities(
     join_tokens: Callable[[Sequence[str]], str],
     ignore_labels: tuple[str, ...],
 ) -> list[Entity]:
-    """Strategy "simple" for one window: `_tag_tokens`, `_group_tags` and the filter without an object per token:
-    the labels and their scores found for the whole window by numpy, the groups' bounds by one loop over label
-    ids, so that only the kept groups (the entities, a few tokens of a text) cost more; most of a text is "O"
-    runs, dropped unseen. The same entities, bit for bit: the softmax is taken row by row, so taking it over the
-    tokens' rows alone changes no score, and a row's max is its score at its argmax."""
+    """Strategy "simple" for one window: every token's best label, grouped and filtered, without an object per
+    token: the labels and their scores found for the whole window by numpy, the groups by one loop over label ids
+    (`_kept_groups`), so that only the kept groups (the entities, a few tokens of a text) cost more; most of a text
+    is "O" runs, dropped unseen. The softmax is taken row by row, so taking it over the tokens' rows alone changes
+    no score, and a row's max is its score at its argmax."""
     if not tokens:
         return []
     first, last = tokens[0].position, tokens[-1].position
@@ -335,8 +328,64 @@ def _simple_entities(
         token_scores = _softmax(logits[[token.position for token in tokens]])
     best = token_scores.argmax(axis=-1).tolist()
     best_scores = token_scores.max(axis=-1)
-    begins, tag_ids, group_tags, kept = _label_kinds(tuple(labels), ignore_labels)
-    bounds = [0]  # a new group at the first token, at every B- tag and at every change of tag
+    return [
+        {
+            "entity_group": group_tag,
+            "score": _mean_score(best_scores[start:end]),
+            "word": join_tokens([token.word for token in tokens[start:end]]),
+            "start": tokens[start].start,
+            "end": tokens[end - 1].end,
+        }
+        for start, end, group_tag in _kept_groups(best, tuple(labels), ignore_labels)
+    ]
+
+
+def _word_entities(
+    tokens: list[TokenSpan],
+    logits: np.ndarray,
+    labels: list[str],
+    strategy: str,
+    join_tokens: Callable[[Sequence[str]], str],
+    ignore_labels: tuple[str, ...],
+) -> list[Entity]:
+    """Strategies "first", "average" and "max" for one window: every word's label (`_word_scores`), grouped and
+    filtered, a word's text joined only where its group is kept (the decoder's call per word was most of the
+    work, and most words are in ignored "O" runs)."""
+    scores = _softmax(logits)
+    words = _split_words(tokens)
+    if not words:
+        return []
+    if strategy == "first":  # every word's first token's row, at once
+        word_scores = scores[[word[0].position for word in words]]
+        best = word_scores.argmax(axis=-1).tolist()
+        best_scores: Sequence[float] | np.ndarray = word_scores.max(axis=-1)
+    else:
+        best, best_scores = [], []
+        for word in words:
+            row = _word_scores(word, scores, strategy)
+            label = int(row.argmax())
+            best.append(label)
+            best_scores.append(float(row[label]))
+    return [
+        {
+            "entity_group": group_tag,
+            "score": _mean_score(best_scores[start:end]),
+            "word": join_tokens([join_tokens([token.word for token in word]) for word in words[start:end]]),
+            "start": words[start][0].start,
+            "end": words[end - 1][-1].end,
+        }
+        for start, end, group_tag in _kept_groups(best, tuple(labels), ignore_labels)
+    ]
+
+
+def _kept_groups(
+    best: list[int], labels: tuple[str, ...], ignore_labels: tuple[str, ...]
+) -> list[tuple[int, int, str]]:
+    """Items labelled `best` (label ids) in groups: adjacent items with the same tag (`_bio`), a new group at every
+    B- tag and at every tag change; less the groups whose entity_group (the first label cut at its first "-", as
+    the pipeline cuts it) is in `ignore_labels`. (start, end, entity_group) of each kept group."""
+    begins, tag_ids, group_tags, kept = _label_kinds(labels, ignore_labels)
+    bounds = [0]  # a new group at the first item, at every B- tag and at every change of tag
     previous = tag_ids[best[0]]
     for index in range(1, len(best)):
         label = best[index]
@@ -345,24 +394,11 @@ def _simple_entities(
             bounds.append(index)
         previous = tag
     bounds.append(len(best))
-    entities = []
-    for start, end in pairwise(bounds):
-        label = best[start]
-        if kept[label]:
-            entities.append(
-                {
-                    "entity_group": group_tags[label],
-                    "score": _mean_score(best_scores[start:end]),
-                    "word": join_tokens([token.word for token in tokens[start:end]]),
-                    "start": tokens[start].start,
-                    "end": tokens[end - 1].end,
-                }
-            )
-    return entities
+    return [(start, end, group_tags[best[start]]) for start, end in pairwise(bounds) if kept[best[start]]]
 
 
 class _LabelKinds(NamedTuple):
-    """What grouping needs of each label, by label id (`_bio`, `_group_tag`)."""
+    """What grouping needs of each label, by label id."""
 
     begins: list[bool]  # a B- label
     tag_ids: list[int]  # the same id for labels of the same tag (B-PER, I-PER)
@@ -374,7 +410,7 @@ class _LabelKinds(NamedTuple):
 def _label_kinds(labels: tuple[str, ...], ignore_labels: tuple[str, ...]) -> _LabelKinds:
     bio = [_bio(label) for label in labels]
     tag_ids: dict[str, int] = {}
-    group_tags = [label.split("-", 1)[-1] for label in labels]  # as `_group_tag`
+    group_tags = [label.split("-", 1)[-1] for label in labels]  # cut at the first "-", as the pipeline cuts
     return _LabelKinds(
         begins=[prefix == "B" for prefix, _ in bio],
         tag_ids=[tag_ids.setdefault(tag, len(tag_ids)) for _, tag in bio],
@@ -404,57 +440,11 @@ def _word_scores(word: list[TokenSpan], scores: np.ndarray, strategy: str) -> np
     return np.nanmean(scores[[token.position for token in word]], axis=0)  # "average"
 
 
-def _tag_words(
-    tokens: list[TokenSpan],
-    scores: np.ndarray,
-    labels: list[str],
-    strategy: str,
-    join_tokens: Callable[[Sequence[str]], str],
-) -> list[_Tagged]:
-    tagged = []
-    for word in _split_words(tokens):
-        word_scores = _word_scores(word, scores, strategy)
-        best = int(word_scores.argmax())
-        text = join_tokens([token.word for token in word])
-        tagged.append(
-            _Tagged(labels[best], float(word_scores[best]), text, word[0].start, word[-1].end, word[0].text_index)
-        )
-    return tagged
-
-
 def _bio(label: str) -> tuple[str, str]:
     """("B" or "I", tag) of a label; a label without a B-/I- prefix continues like an I- tag."""
     if label.startswith(("B-", "I-")):
         return label[0], label[2:]
     return "I", label
-
-
-def _group_tags(tagged: list[_Tagged]) -> list[list[_Tagged]]:
-    """Adjacent items with the same tag, a new group at every B- tag (and at every tag change)."""
-    groups: list[list[_Tagged]] = []
-    last_tag = None
-    for item in tagged:
-        prefix, tag = _bio(item.label)
-        if groups and prefix != "B" and tag == last_tag:
-            groups[-1].append(item)
-        else:
-            groups.append([item])
-        last_tag = tag
-    return groups
-
-
-def _group_tag(group: list[_Tagged]) -> str:
-    return group[0].label.split("-", 1)[-1]  # the pipeline cuts at the first "-", whatever the prefix
-
-
-def _entity_group(group: list[_Tagged], join_tokens: Callable[[Sequence[str]], str]) -> Entity:
-    return {
-        "entity_group": _group_tag(group),
-        "score": _mean_score([item.score for item in group]),
-        "word": join_tokens([item.word for item in group]),
-        "start": group[0].start,
-        "end": group[-1].end,
-    }
 
 
 def _mean_score(scores: Sequence[float] | np.ndarray) -> float:

@@ -464,6 +464,44 @@ def test_entity_scores_are_the_float32_nanmean_the_pipeline_takes() -> None:
         assert np.isnan(ner._mean_score([float("nan"), float("nan")]))
 
 
+# The plain way, as the pipeline goes: an item (token or word) per label, grouped, then filtered; what the window
+# functions of ner.py do without an object per token and without the text of ignored words.
+def plain_groups(tagged: list, ignore: tuple[str, ...], join) -> list[dict]:
+    groups: list[list] = []
+    last_tag = None
+    for item in tagged:
+        prefix, tag = (item.label[0], item.label[2:]) if item.label.startswith(("B-", "I-")) else ("I", item.label)
+        if groups and prefix != "B" and tag == last_tag:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+        last_tag = tag
+    return [
+        {
+            "entity_group": group[0].label.split("-", 1)[-1],
+            "score": ner._mean_score([item.score for item in group]),
+            "word": join([item.word for item in group]),
+            "start": group[0].start,
+            "end": group[-1].end,
+        }
+        for group in groups
+        if group[0].label.split("-", 1)[-1] not in ignore
+    ]
+
+
+def plain_words(tokens: list, scores: np.ndarray, labels: list[str], strategy: str, join) -> list:
+    tagged = []
+    for word in ner._split_words(tokens):
+        word_scores = ner._word_scores(word, scores, strategy)
+        best = int(word_scores.argmax())
+        text = join([token.word for token in word])
+        tagged.append(
+            ner._Tagged(labels[best], float(word_scores[best]), text, word[0].start, word[-1].end, word[0].text_index)
+        )
+    return tagged
+
+
+@pytest.mark.parametrize("strategy", ["simple", *ner.WORD_STRATEGIES])
 @pytest.mark.parametrize(
     "labels",
     [
@@ -473,10 +511,10 @@ def test_entity_scores_are_the_float32_nanmean_the_pipeline_takes() -> None:
         ["LABEL_0", "LABEL_1"],
     ],
 )
-def test_simple_groups_as_tagging_each_token_then_grouping_does(labels: list[str]) -> None:
-    # "simple" finds tags and groups with numpy over the window; the entities must be those of tagging every token,
-    # grouping the tagged items and filtering the groups, bit for bit, scores included; with the window's text
-    # tokens in a row (sliced) and not (an index per token).
+def test_groups_as_tagging_each_item_then_grouping_does(labels: list[str], strategy: str) -> None:
+    # The entities must be those of tagging every token (or word), grouping the tagged items and filtering the
+    # groups, bit for bit, scores included; with the window's text tokens in a row (sliced) and not (an index per
+    # token), and words of one and of several tokens.
     rng = np.random.default_rng(11)
 
     def join(words) -> str:
@@ -491,11 +529,16 @@ def test_simple_groups_as_tagging_each_token_then_grouping_does(labels: list[str
         positions = list(range(1, length + 1))
         if trial % 3 == 0 and length > 2:  # a gap: not every row is a text token
             positions = sorted(rng.choice(np.arange(1, length + 1), size=length - 2, replace=False).tolist())
-        tokens = [ner.TokenSpan(p, p + 5, f"w{p}", 3 * p, 3 * p + 2, False) for p in positions]
-        ignore = tuple(labels[:1]) if trial % 2 else ()
-        expected = [
-            ner._entity_group(group, join)
-            for group in ner._group_tags(ner._tag_tokens(tokens, ner._softmax(logits), labels))
-            if ner._group_tag(group) not in ignore
+        subword = rng.random(len(positions)) < 0.4
+        tokens = [
+            ner.TokenSpan(p, p + 5, f"w{p}", 3 * p, 3 * p + 2, bool(sub))
+            for p, sub in zip(positions, subword.tolist(), strict=True)
         ]
-        assert ner._simple_entities(tokens, logits, labels, join, ignore) == expected
+        ignore = tuple(labels[:1]) if trial % 2 else ()
+        scores = ner._softmax(logits)
+        if strategy == "simple":
+            tagged = ner._tag_tokens(tokens, scores, labels)
+        else:
+            tagged = plain_words(tokens, scores, labels, strategy, join)
+        expected = plain_groups(tagged, ignore, join)
+        assert ner._window_entities(tokens, logits, labels, strategy, join, ignore) == expected
