@@ -286,13 +286,42 @@ def _window_entities(
     join_tokens: Callable[[Sequence[str]], str],
     ignore_labels: tuple[str, ...],
 ) -> list[Entity]:
-    """One window's entities, filtered: tokens for "none", entity groups otherwise."""
+    """One window's entities, filtered: tokens for "none"; otherwise groups of tokens ("simple") or of words, each
+    group's text joined only where it is kept (most of a text is "O" runs, dropped unseen: the decoder's call per
+    word was most of the word strategies' work), without an object per token."""
+    if strategy == "none":
+        tagged = _tag_tokens(tokens, _softmax(logits), labels)
+        return [_token_entity(item) for item in tagged if item.label not in ignore_labels]
+    if not tokens:
+        return []
+    best_scores: Sequence[float] | np.ndarray
     if strategy == "simple":
-        return _simple_entities(tokens, logits, labels, join_tokens, ignore_labels)
-    if strategy in WORD_STRATEGIES:
-        return _word_entities(tokens, logits, labels, strategy, join_tokens, ignore_labels)
-    tagged = _tag_tokens(tokens, _softmax(logits), labels)
-    return [_token_entity(item) for item in tagged if item.label not in ignore_labels]
+        best, best_scores = _token_labels(tokens, logits)
+
+        def text(start: int, end: int) -> str:
+            return join_tokens([token.word for token in tokens[start:end]])
+
+        def span(start: int, end: int) -> tuple[int, int]:
+            return tokens[start].start, tokens[end - 1].end
+
+    else:
+        words = _split_words(tokens)
+        best, best_scores = _word_labels(words, _softmax(logits), strategy)
+
+        def text(start: int, end: int) -> str:
+            return join_tokens([join_tokens([token.word for token in word]) for word in words[start:end]])
+
+        def span(start: int, end: int) -> tuple[int, int]:
+            return words[start][0].start, words[end - 1][-1].end
+
+    entities = []
+    for start, end, group_tag in _kept_groups(best, tuple(labels), ignore_labels):
+        first, last = span(start, end)
+        score = _mean_score(best_scores[start:end])
+        entities.append(
+            {"entity_group": group_tag, "score": score, "word": text(start, end), "start": first, "end": last}
+        )
+    return entities
 
 
 def _tag_tokens(tokens: list[TokenSpan], scores: np.ndarray, labels: list[str]) -> list[_Tagged]:
@@ -307,75 +336,31 @@ def _tag_tokens(tokens: list[TokenSpan], scores: np.ndarray, labels: list[str]) 
     ]
 
 
-def _simple_entities(
-    tokens: list[TokenSpan],
-    logits: np.ndarray,
-    labels: list[str],
-    join_tokens: Callable[[Sequence[str]], str],
-    ignore_labels: tuple[str, ...],
-) -> list[Entity]:
-    """Strategy "simple" for one window: every token's best label, grouped and filtered, without an object per
-    token: the labels and their scores found for the whole window by numpy, the groups by one loop over label ids
-    (`_kept_groups`), so that only the kept groups (the entities, a few tokens of a text) cost more; most of a text
-    is "O" runs, dropped unseen. The softmax is taken row by row, so taking it over the tokens' rows alone changes
-    no score, and a row's max is its score at its argmax."""
-    if not tokens:
-        return []
+def _token_labels(tokens: list[TokenSpan], logits: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """Every token's best label id and its score, for the whole window by numpy. The softmax is taken row by row,
+    so taking it over the tokens' rows alone changes no score, and a row's max is its score at its argmax."""
     first, last = tokens[0].position, tokens[-1].position
     if last - first + 1 == len(tokens):  # the usual window: its text tokens in a row between the special ones
         token_scores = _softmax(logits[first : last + 1])
     else:
         token_scores = _softmax(logits[[token.position for token in tokens]])
-    best = token_scores.argmax(axis=-1).tolist()
-    best_scores = token_scores.max(axis=-1)
-    return [
-        {
-            "entity_group": group_tag,
-            "score": _mean_score(best_scores[start:end]),
-            "word": join_tokens([token.word for token in tokens[start:end]]),
-            "start": tokens[start].start,
-            "end": tokens[end - 1].end,
-        }
-        for start, end, group_tag in _kept_groups(best, tuple(labels), ignore_labels)
-    ]
+    return token_scores.argmax(axis=-1).tolist(), token_scores.max(axis=-1)
 
 
-def _word_entities(
-    tokens: list[TokenSpan],
-    logits: np.ndarray,
-    labels: list[str],
-    strategy: str,
-    join_tokens: Callable[[Sequence[str]], str],
-    ignore_labels: tuple[str, ...],
-) -> list[Entity]:
-    """Strategies "first", "average" and "max" for one window: every word's label (`_word_scores`), grouped and
-    filtered, a word's text joined only where its group is kept (the decoder's call per word was most of the
-    work, and most words are in ignored "O" runs)."""
-    scores = _softmax(logits)
-    words = _split_words(tokens)
-    if not words:
-        return []
-    if strategy == "first":  # every word's first token's row, at once
+def _word_labels(
+    words: list[list[TokenSpan]], scores: np.ndarray, strategy: str
+) -> tuple[list[int], Sequence[float] | np.ndarray]:
+    """Every word's best label id and its score (`_word_scores`): "first"'s for all words at once."""
+    if strategy == "first":
         word_scores = scores[[word[0].position for word in words]]
-        best = word_scores.argmax(axis=-1).tolist()
-        best_scores: Sequence[float] | np.ndarray = word_scores.max(axis=-1)
-    else:
-        best, best_scores = [], []
-        for word in words:
-            row = _word_scores(word, scores, strategy)
-            label = int(row.argmax())
-            best.append(label)
-            best_scores.append(float(row[label]))
-    return [
-        {
-            "entity_group": group_tag,
-            "score": _mean_score(best_scores[start:end]),
-            "word": join_tokens([join_tokens([token.word for token in word]) for word in words[start:end]]),
-            "start": words[start][0].start,
-            "end": words[end - 1][-1].end,
-        }
-        for start, end, group_tag in _kept_groups(best, tuple(labels), ignore_labels)
-    ]
+        return word_scores.argmax(axis=-1).tolist(), word_scores.max(axis=-1)
+    best, best_scores = [], []
+    for word in words:
+        row = _word_scores(word, scores, strategy)
+        label = int(row.argmax())
+        best.append(label)
+        best_scores.append(float(row[label]))
+    return best, best_scores
 
 
 def _kept_groups(
