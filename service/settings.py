@@ -182,7 +182,8 @@ class Settings(BaseSettings):
         ge=1,
         le=1_000_000,
         description="most QA windows (model rows) one request may need, counted from the token counts before any "
-        "window is built; past it 422. 1536 = 64 inputs x 24: a 20,000-character English context needs 15-21 "
+        "window is built (where the characters, a token each, could pass it); past it 422. 1536 = 64 inputs x 24: "
+        "a 20,000-character English context needs 15-21 "
         "windows at the default max_seq_len 384 and doc_stride 128",
     )
     release_memory_idle_s: float = Field(

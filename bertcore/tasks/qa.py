@@ -48,6 +48,11 @@ Cost (ours: the pipeline had no limits)
     windows than the longest context allowed (max_chars_per_input tokens) would at the model's default windows:
     more can only come from parameters that make each window advance a few tokens (the issue's max_seq_len 9:
     one token a window). Merging answers across windows is linear in windows (a dict by folded text).
+    A long context is encoded once, not twice (`plan_from_windows`): where its windows advance at least a
+    quarter of their length each (so building them costs at most a few times what counting them does) and the
+    request's characters, a token each, keep it within max_qa_windows, `prepare_all` builds its windows straight
+    away and counts them from what was built; elsewhere it counts first, as above. (A text with more tokens than
+    characters may then be refused once its windows are built: at most a few plain encodings' work.)
 
 Where ours differs on purpose
     - The result is always a list (the pipeline returns a bare dict when there is one answer).
@@ -76,6 +81,15 @@ from bertcore.tokenization import TextTokenizer
 
 DEFAULT_MAX_SEQ_LEN = 384
 DEFAULT_MAX_DOC_STRIDE = 128
+# A context this many characters a token of max_seq_len or longer likely needs several windows: its windows are
+# built straight away where that is safe (`plan_from_windows`); a shorter one's one untruncated encoding is its
+# window. English has ~4 characters a WordPiece token: of SQuAD dev's eval half (5,609 questions, MiniLM, 384
+# tokens) every one of the 72 contexts in several windows has 4 x 384 characters or more, as have 53 in one window
+# (they pay the question's encoding for nothing); at 3 characters a token, 454 would. Text of fewer characters a
+# token (CJK) is counted first, then cut: encoded twice, as before.
+WINDOWS_FIRST_CHARS_PER_TOKEN = 4
+# Windows are built before they are counted only where each advances at least 1/this of its length.
+MAX_WINDOW_OVERLAP = 4
 MASKED_LOGIT = np.float32(-10000.0)
 CONTEXT_SEQUENCE = 1  # question first, context second (context first: 0)
 
@@ -151,7 +165,9 @@ class WindowPlan:
     fixed: int  # question tokens and special tokens: in every window besides the context
     context_tokens: int
     windows: int
-    whole: Encoding | None  # the untruncated pair when it fits in one window (then it is the window)
+    # The windows, where they were built already: the untruncated pair when it fits in one window, or a long
+    # context's windows (`plan_from_windows`); None where `prepare` builds them.
+    encodings: list[Encoding] | None
 
     def windows_at(self, max_seq_len: int, doc_stride: int) -> int | None:
         """Windows the same pair needs at another max_seq_len and doc_stride; None where it cannot be cut."""
@@ -177,9 +193,7 @@ def plan(tokenizer: TextTokenizer, question: str, context: str, params: QaParams
     room = max_seq_len - fixed tokens of each window and the next window starts room - doc_stride tokens later,
     so n tokens need 1 + ceil((n - room) / (room - doc_stride)) windows. Raises QaInputError where the pair does
     not fit in one window and cannot be cut into windows."""
-    for name, text in (("question", question), ("context", context)):
-        if not isinstance(text, str) or not text:
-            raise QaInputError(f"{name} must be a non-empty string", field=name)
+    _check_texts(question, context)
     max_seq_len, doc_stride = params.window(model_max_length)
     whole = _encode(tokenizer, question, context)[0]
     context_tokens = whole.sequence_ids.count(_context_sequence(tokenizer))
@@ -190,7 +204,41 @@ def plan(tokenizer: TextTokenizer, question: str, context: str, params: QaParams
         raise QaInputError(
             _no_windows_message(fixed, max_seq_len, doc_stride), _no_windows_field(fixed, max_seq_len, params)
         )
-    return WindowPlan(max_seq_len, doc_stride, fixed, context_tokens, windows, whole if windows == 1 else None)
+    return WindowPlan(max_seq_len, doc_stride, fixed, context_tokens, windows, [whole] if windows == 1 else None)
+
+
+def plan_from_windows(
+    tokenizer: TextTokenizer, question: str, context: str, params: QaParams, model_max_length: int
+) -> WindowPlan | None:
+    """The plan `plan` makes, from the pair's windows built straight away: a long context encoded once (with
+    truncation into windows) rather than twice (untruncated to count its windows, then into them). None, and
+    nothing built, where the context is short (its one untruncated encoding is its window: `plan` costs no more)
+    or where its windows would advance less than 1/MAX_WINDOW_OVERLAP of their length each (building them before
+    counting them could cost many times a plain encoding: `plan` counts first). Raises what `plan` raises for an
+    empty question or context."""
+    max_seq_len, doc_stride = params.window(model_max_length)
+    if not isinstance(context, str) or len(context) < WINDOWS_FIRST_CHARS_PER_TOKEN * max_seq_len:
+        return None  # `plan` checks it
+    _check_texts(question, context)
+    # The question's tokens and the special tokens: in every window (the question is encoded alone, as in a pair)
+    fixed = len(tokenizer.encode(question, add_special_tokens=False)[0]) + tokenizer.num_special_tokens(pair=True)
+    if (max_seq_len - fixed - doc_stride) * MAX_WINDOW_OVERLAP < max_seq_len:
+        return None
+    encodings = _encode(tokenizer, question, context, max_length=max_seq_len, stride=doc_stride)
+    sequence = _context_sequence(tokenizer)
+    in_window = [encoding.sequence_ids.count(sequence) for encoding in encodings]
+    fixed = len(encodings[0]) - in_window[0]
+    # Each window after the first repeats `doc_stride` context tokens of the one before it.
+    context_tokens = in_window[0] + sum(tokens - doc_stride for tokens in in_window[1:])
+    if _window_count(fixed, context_tokens, max_seq_len, doc_stride) != len(encodings):
+        return None  # not the tokenizer's windows as `plan` counts them (never seen): count them as `plan` does
+    return WindowPlan(max_seq_len, doc_stride, fixed, context_tokens, len(encodings), encodings)
+
+
+def _check_texts(question: str, context: str) -> None:
+    for name, text in (("question", question), ("context", context)):
+        if not isinstance(text, str) or not text:
+            raise QaInputError(f"{name} must be a non-empty string", field=name)
 
 
 def too_many_windows(plans: list[WindowPlan], params: QaParams, model_max_length: int, limit: int) -> QaInputError:
@@ -265,12 +313,16 @@ def prepare_all(
     untruncated encoding per pair) and the request is refused, before any window is built, as soon as they pass
     `max_windows`, or one context needs more than the longest context allowed (`max_context_tokens`) would at
     the default windows (`amplified`). Errors name the request's field: inputs.I.question, inputs.I.context,
-    max_seq_len, doc_stride, inputs."""
+    max_seq_len, doc_stride, inputs. Except where the request's characters, a token each, keep it within
+    `max_windows`: there a long context is encoded once, straight into its windows, and the same checks count
+    what was built (`plan_from_windows`)."""
     plans: list[WindowPlan] = []
     windows = 0
+    windows_first = _fits_by_characters(tokenizer, pairs, params, model_max_length, max_windows)
     for index, (question, context) in enumerate(pairs):
         try:
-            plans.append(plan(tokenizer, question, context, params, model_max_length))
+            built = plan_from_windows(tokenizer, question, context, params, model_max_length) if windows_first else None
+            plans.append(built or plan(tokenizer, question, context, params, model_max_length))
         except QaInputError as exc:
             if exc.field in ("question", "context"):
                 raise QaInputError(str(exc), field=f"inputs.{index}.{exc.field}") from exc
@@ -286,6 +338,24 @@ def prepare_all(
         prepare(tokenizer, question, context, params, model_max_length, window_plan)
         for (question, context), window_plan in zip(pairs, plans, strict=True)
     ]
+
+
+def _fits_by_characters(
+    tokenizer: TextTokenizer, pairs: list[tuple[str, str]], params: QaParams, model_max_length: int, limit: int
+) -> bool:
+    """Whether the pairs' windows, counting a token a character (more than English text has), stay within
+    `limit`: a request that may pass it has its windows counted before any is built."""
+    max_seq_len, doc_stride = params.window(model_max_length)
+    special = tokenizer.num_special_tokens(pair=True)
+    windows = 0
+    for question, context in pairs:
+        if not isinstance(question, str) or not isinstance(context, str):
+            return False
+        counted = _window_count(len(question) + special, len(context), max_seq_len, doc_stride)
+        if counted is None:
+            return False
+        windows += counted
+    return windows <= limit
 
 
 def _window_count(fixed: int, context_tokens: int, max_seq_len: int, doc_stride: int) -> int | None:
@@ -307,11 +377,16 @@ def prepare(
 ) -> QaFeatures:
     """Tokenize question + context into windows of at most max_seq_len tokens (capped at model_max_length).
 
-    `window_plan`: this pair's plan (`plan`), where it was made already to check the cost."""
-    window_plan = window_plan or plan(tokenizer, question, context, params, model_max_length)
+    `window_plan`: this pair's plan (`plan`), where it was made already to check the cost. Without it a long
+    context is encoded once, into its windows, where that is safe (`plan_from_windows`)."""
+    window_plan = (
+        window_plan
+        or plan_from_windows(tokenizer, question, context, params, model_max_length)
+        or plan(tokenizer, question, context, params, model_max_length)
+    )
     max_seq_len, doc_stride = window_plan.max_seq_len, window_plan.doc_stride
-    if window_plan.whole is not None:
-        encodings = [window_plan.whole]
+    if window_plan.encodings is not None:
+        encodings = window_plan.encodings
     else:
         encodings = _encode(tokenizer, question, context, max_length=max_seq_len, stride=doc_stride)
     return QaFeatures(

@@ -583,6 +583,75 @@ def test_plan_counts_the_windows_the_tokenizer_makes(
     assert counted > 200 and several > 50, (counted, several)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_windows_built_first_are_planned_as_counted(
+    tiny: Callable[[str], tuple[Checkpoint, Golden]], arch: str
+) -> None:
+    """A long context's windows built straight away (one encoding, `plan_from_windows`) give the plan that counting
+    them first gives (`plan`: an untruncated encoding, then the windows), and the very windows, for every tokenizer
+    family (XLNet's context first), at window sizes and strides from the smallest that can advance to the model's."""
+    checkpoint, golden = tiny(arch)
+    tokenizer = checkpoint.tokenizer
+    rng = np.random.default_rng(11)
+    words = (LONG_CONTEXT + " Zoë's café, naïve façade: 東京 in 2024 (¿qué?) — «ok» x² ").split()
+    questions = [*sorted({golden.texts(case)[0] for case in golden.cases if "answers" in case})[:3], "Who met?"]
+    built = several = 0
+    for case in range(40):
+        context = " ".join(rng.choice(words, size=int(rng.integers(30, 400))).tolist())
+        question = questions[case % len(questions)]
+        for max_seq_len in (None, 24, 40, int(rng.integers(16, 65))):
+            for doc_stride in (None, 0, 1, 4, 12):
+                try:
+                    params = qa.QaParams(max_seq_len=max_seq_len, doc_stride=doc_stride)
+                    counted = qa.plan(tokenizer, question, context, params, checkpoint.max_length)
+                except qa.QaInputError:
+                    continue
+                first = qa.plan_from_windows(tokenizer, question, context, params, checkpoint.max_length)
+                if first is None:
+                    continue
+                assert first.encodings is not None
+                assert dataclasses.replace(first, encodings=None) == dataclasses.replace(counted, encodings=None)
+                windows = qa.prepare(tokenizer, question, context, params, checkpoint.max_length, counted).encodings
+                for mine, theirs in zip(first.encodings, windows, strict=True):
+                    for attribute in ("ids", "type_ids", "offsets", "sequence_ids", "word_ids", "special_tokens_mask"):
+                        assert getattr(mine, attribute) == getattr(theirs, attribute), (arch, attribute)
+                built += 1
+                several += first.windows > 2
+    assert built > 150 and several > 100, (built, several)
+
+
+def test_windows_are_built_first_only_where_that_is_cheap(
+    tiny_bert: TorchModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer, question = tiny_bert.tokenizer, "Who met in Brussels?"  # 5 tokens, 8 with the special tokens
+    pairs: list[int | None] = []  # max_length of each encoding of a question with its context
+    encode = tokenizer.encode
+
+    def recording(text: str, pair: str | None = None, **options: Any) -> Any:
+        if pair is not None:
+            pairs.append(options.get("max_length"))
+        return encode(text, pair, **options)
+
+    monkeypatch.setattr(tokenizer, "encode", recording)
+    long_context = LONG_CONTEXT * 4
+    (features,) = qa.prepare_all(tokenizer, [(question, long_context)], qa.QaParams(), 64, 1536)
+    assert len(features.rows) > 4 and pairs == [64]  # encoded once, into its windows
+    pairs.clear()
+    qa.prepare_all(tokenizer, [(question, "Peter met Maria in Brussels.")], qa.QaParams(), 64, 1536)
+    assert pairs == [None]  # a short context: its one untruncated encoding is its window
+    # Windows advancing 8 of 32 tokens (room 24, stride 16) are built first; advancing 7 of 32, counted first.
+    assert qa.plan_from_windows(tokenizer, question, long_context, qa.QaParams(max_seq_len=32, doc_stride=16), 64)
+    pairs.clear()
+    slow = qa.QaParams(max_seq_len=32, doc_stride=17)
+    assert qa.plan_from_windows(tokenizer, question, long_context, slow, 64) is None
+    assert pairs == []  # nothing built
+    # A request whose characters, a token each, would pass max_qa_windows is counted first, then built.
+    windows = len(features.rows)
+    pairs.clear()
+    qa.prepare_all(tokenizer, [(question, long_context)], qa.QaParams(), 64, windows)
+    assert pairs == [None, 64]
+
+
 def test_errors_name_the_field_to_change(tiny_bert: TorchModel) -> None:
     tokenizer, question = tiny_bert.tokenizer, "Who met in Brussels?"  # 8 tokens with the special tokens
 
@@ -608,14 +677,14 @@ def test_errors_name_the_field_to_change(tiny_bert: TorchModel) -> None:
 
 def test_windows_at_other_parameters_is_arithmetic_on_the_token_counts(tiny_bert: TorchModel) -> None:
     plan = qa.plan(tiny_bert.tokenizer, "Who met in Brussels?", LONG_CONTEXT, qa.QaParams(), 64)
-    assert plan.fixed == 8 and plan.context_tokens > 56 and plan.whole is None
+    assert plan.fixed == 8 and plan.context_tokens > 56 and plan.encodings is None
     room = 64 - plan.fixed
     assert plan.windows == 1 + -(-(plan.context_tokens - room) // (room - 32))
     assert plan.windows_at(9, 0) == plan.context_tokens  # one context token a window
     assert plan.windows_at(9, 1) is None  # the stride fills the room: the context cannot advance
     assert plan.windows_at(plan.fixed + plan.context_tokens, 5) == 1  # it all fits: no stride needed
     short = qa.plan(tiny_bert.tokenizer, "Who met in Brussels?", "Peter met Maria.", qa.QaParams(), 64)
-    assert short.windows == 1 and short.whole is not None
+    assert short.windows == 1 and short.encodings is not None
 
 
 def test_answers_merge_across_many_windows_as_across_few(tiny_bert: TorchModel) -> None:
