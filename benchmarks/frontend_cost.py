@@ -2,7 +2,9 @@
 tokenizer-alone cost, and the engine's CPU per row outside the model, per task and request size.
 
 For each task (classify: SST-2 dev sentences; ner: CoNLL-2003 test sentences; qa: SQuAD questions with their
-contexts; rerank: a query and SST-2 sentences as its documents, POST /v1/rerank on a cross-encoder entry) and each
+contexts; rerank: a query and SST-2 sentences as its documents, POST /v1/rerank on a cross-encoder entry; and, only
+when named in --tasks, qa-long: SQuAD questions with their article's paragraphs joined to ~600 words, a long
+document in 3-4 windows, as benchmarks.request_shapes makes them) and each
 request size (--sizes, inputs per request), a real server in process mode with ONE front-end
 (`python -m service --engine-mode process --frontends 1`) takes --connections closed-loop keep-alive connections
 for --seconds, after --warmup-seconds of the same load. Measured over that window, from /proc
@@ -68,7 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import sleeping_session
+from benchmarks import request_shapes, sleeping_session
 from benchmarks.loadclient import LoadResult, run_load
 from benchmarks.process_cpu import ProcessTreeCpu
 from benchmarks.realdata import SHARED, conll03, shared_available, squad, sst2
@@ -77,13 +79,16 @@ from benchmarks.scrape import delta, scrape
 from bertcore.model_config import ModelConfig
 from tests.harness.serving import ROOT, ServiceProcess, start_service
 
-TASKS = ("classify", "ner", "qa", "rerank")
-MODEL_TASK = {"classify": "classification", "ner": "ner", "qa": "qa", "rerank": "classification"}
+DEFAULT_TASKS = ("classify", "ner", "qa", "rerank")
+TASKS = (*DEFAULT_TASKS, "qa-long")
+MODEL_TASK = {"classify": "classification", "ner": "ner", "qa": "qa", "rerank": "classification", "qa-long": "qa"}
+ROUTE = {"classify": "classify", "ner": "ner", "qa": "qa", "qa-long": "qa"}  # /v1/models/NAME/ROUTE
 SHARED_ENTRIES = {
     "classify": "minilm-bert-sst2",
     "ner": "minilm-bert-conll03",
     "qa": "minilm-bert-squad",
     "rerank": "minilm-cross-encoder",
+    "qa-long": "minilm-bert-squad",
 }
 QUERIES = (  # rerank: the query of each request in turn, the documents SST-2 sentences
     "a funny and moving film",
@@ -165,7 +170,7 @@ class Workload:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated of {','.join(TASKS)}")
+    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help=f"comma-separated of {','.join(TASKS)}")
     parser.add_argument("--sizes", default="1,16", help="inputs per request, comma-separated")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured load per cell")
     parser.add_argument("--warmup-seconds", type=float, default=2.0, help="the same load before each measured one")
@@ -284,10 +289,14 @@ def task_texts(task: str, limit: int) -> tuple[list[Any], str]:
             return [sentence for sentence, _ in sst2(limit)], "SST-2 dev"
         if task == "ner":
             return [" ".join(words) for words, _ in conll03(limit)], "CoNLL-2003 test"
+        if task == "qa-long":
+            bodies = request_shapes.BODIES["qa-long"](limit)
+            pairs = [(pair["question"], pair["context"]) for body in bodies for pair in body["inputs"]]
+            return pairs, f"SQuAD v1.1 dev (eval half), contexts of {request_shapes.QA_CONTEXT_WORDS} words"
         return [(question, context) for question, context, _ in squad(limit)], "SQuAD v1.1 dev (eval half)"
     from export.sample_text import CONTEXT, QUESTIONS, SENTENCES
 
-    if task == "qa":
+    if task in ("qa", "qa-long"):
         return [(question, CONTEXT) for question in QUESTIONS], "export.sample_text (no ../shared)"
     return list(SENTENCES), "export.sample_text (no ../shared)"
 
@@ -303,11 +312,11 @@ def workload(task: str, entry: str, texts: list[Any], size: int) -> Workload:
         ]
         items = [[(body["query"], document) for document in body["documents"]] for body in bodies]
         return Workload("/v1/rerank", [(body, size) for body in bodies], items)
-    if task == "qa":
+    if MODEL_TASK[task] == "qa":
         bodies = [{"inputs": [{"question": q, "context": c} for q, c in group]} for group in groups]
     else:
         bodies = [{"inputs": group} for group in groups]
-    return Workload(f"/v1/models/{entry}/{task}", [(body, size) for body in bodies], [list(g) for g in groups])
+    return Workload(f"/v1/models/{entry}/{ROUTE[task]}", [(body, size) for body in bodies], [list(g) for g in groups])
 
 
 def tokenizer_alone(entry: Path, task: str, items: list[list[Any]], min_seconds: float) -> float:

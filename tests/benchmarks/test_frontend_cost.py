@@ -9,7 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.frontend_cost import COLUMNS, comparison, main, measuring_order, median_figures
+from benchmarks import request_shapes
+from benchmarks.frontend_cost import (
+    COLUMNS,
+    comparison,
+    main,
+    measuring_order,
+    median_figures,
+    parse_args,
+    task_texts,
+    workload,
+)
+from benchmarks.realdata import shared_available
 from export.pipeline import export_checkpoint
 from tests.tiny_models import CROSS_ENCODER
 
@@ -76,3 +87,18 @@ def test_rounds_swap_the_order_and_report_each_figures_median() -> None:
     assert combined["cores"] == {"engine": 0.3, "front-ends": 0.9}
     assert combined["rounds"] == 3
     assert median_figures(rounds[:1]) is rounds[0]
+
+
+def test_long_documents_are_a_task_of_their_own_on_the_qa_route() -> None:
+    """qa-long (only where named): SQuAD questions with their article's paragraphs joined to a long document, sent
+    to the QA route of the QA entry; the default run keeps its four tasks."""
+    assert parse_args([]).tasks == ["classify", "ner", "qa", "rerank"]
+    assert parse_args(["--tasks", "qa,qa-long"]).tasks == ["qa", "qa-long"]
+    pairs, source = task_texts("qa-long", 8)
+    work = workload("qa-long", "reader", pairs, 2)
+    assert work.path == "/v1/models/reader/qa" and len(work.requests) == len(pairs) // 2
+    body, inputs = work.requests[0]
+    assert inputs == 2 and body["inputs"][0] == {"question": pairs[0][0], "context": pairs[0][1]}
+    if shared_available():
+        assert "600 words" in source and len(pairs) == 8
+        assert all(len(context.split()) == request_shapes.QA_CONTEXT_WORDS for _, context in pairs)
