@@ -36,11 +36,11 @@ character offsets; scores up to float rounding) for every aggregation strategy. 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 from tokenizers import Encoding
@@ -106,7 +106,7 @@ class TokenSpan(NamedTuple):
 @dataclass(frozen=True)
 class NerFeatures:
     rows: list[Row]  # one model input row per window
-    tokens: list[list[TokenSpan]]  # the non-special tokens of each window
+    tokens: list[Sequence[TokenSpan]]  # the non-special tokens of each window (`_Spans`, or a list for words)
     join_tokens: Callable[[Sequence[str]], str]  # the tokenizer's decoder over token strings
     words: Words | None = None  # the caller's words, where the text came split into words
 
@@ -169,7 +169,9 @@ def prepare(tokenizer: TextTokenizer, source: str | Words, max_length: int, stri
     return NerFeatures(
         rows=[Row.from_encoding(encoding) for encoding in encodings],
         tokens=[
-            _token_spans(text, encoding, window * step, word_aware, unk_id, words)
+            _Spans(text, encoding, window * step, word_aware, unk_id)
+            if words is None
+            else _token_spans(text, encoding, window * step, word_aware, unk_id, words)
             for window, encoding in enumerate(encodings)
         ],
         join_tokens=tokenizer.tokens_to_string,
@@ -177,7 +179,7 @@ def prepare(tokenizer: TextTokenizer, source: str | Words, max_length: int, stri
     )
 
 
-def _whole_words(windows: list[list[TokenSpan]]) -> list[list[TokenSpan]]:
+def _whole_words(windows: Sequence[Sequence[TokenSpan]]) -> list[Sequence[TokenSpan]]:
     """The windows' tokens, each given word's in one window only: the first that holds the whole word or, where
     none does (a word longer than the windows' overlap), the one that holds its first piece."""
     kept = []
@@ -197,7 +199,7 @@ def _whole_words(windows: list[list[TokenSpan]]) -> list[list[TokenSpan]]:
     return kept
 
 
-def _given_word(window: list[TokenSpan], text_index: int) -> int | None:
+def _given_word(window: Sequence[TokenSpan], text_index: int) -> int | None:
     """The given word of the window's token at `text_index` of the whole text (None where the window lacks it)."""
     position = text_index - window[0].text_index if window else -1
     return window[position].given_word if 0 <= position < len(window) else None
@@ -230,6 +232,76 @@ def _token_spans(
             is_subword = start > 0 and " " not in text[start - 1 : start + 1]
         append(make(TokenSpan, (position, position + shift, word, start, end, is_subword, given_word)))
     return spans
+
+
+class _Spans(Sequence[TokenSpan]):
+    """A window's non-special tokens, each made when it is asked for: what `_token_spans` makes for a text that came
+    whole, but "simple" (the default strategy) reads only the window's ends and its entities' tokens, and most of a
+    text is dropped "O" runs: a tuple per token of every request was a third of NER's preparation."""
+
+    __slots__ = ("_ids", "_made", "_offsets", "_positions", "_shift", "_text", "_tokens", "_unk_id", "_word_aware")
+
+    def __init__(self, text: str, encoding: Encoding, shift: int, word_aware: bool, unk_id: int | None) -> None:
+        self._text, self._shift, self._word_aware, self._unk_id = text, shift, word_aware, unk_id
+        self._ids, self._tokens, self._offsets = encoding.ids, encoding.tokens, encoding.offsets
+        self._positions = [position for position, special in enumerate(encoding.special_tokens_mask) if not special]
+        self._made: list[TokenSpan] | None = None  # every token, once something read them all
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    @overload
+    def __getitem__(self, index: int) -> TokenSpan: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[TokenSpan]: ...
+
+    def __getitem__(self, index: int | slice) -> TokenSpan | list[TokenSpan]:
+        if self._made is not None:
+            return self._made[index]
+        if isinstance(index, slice):
+            return [self._span(position) for position in self._positions[index]]
+        return self._span(self._positions[index])
+
+    def __iter__(self) -> Iterator[TokenSpan]:
+        return iter(self._every())
+
+    def _every(self) -> list[TokenSpan]:
+        """Every token, made once ("none" and the word strategies read them all, some twice): the loop written out,
+        as `_token_spans`'s."""
+        if self._made is None:
+            text, shift, unk_id, word_aware = self._text, self._shift, self._unk_id, self._word_aware
+            ids, tokens, offsets = self._ids, self._tokens, self._offsets
+            make, made = tuple.__new__, list[TokenSpan]()
+            append = made.append
+            for position in self._positions:
+                token, (start, end) = tokens[position], offsets[position]
+                if ids[position] == unk_id:
+                    word, is_subword = text[start:end], False
+                elif word_aware:
+                    word, is_subword = token, len(token) != len(text[start:end])
+                else:
+                    word, is_subword = token, start > 0 and " " not in text[start - 1 : start + 1]
+                append(make(TokenSpan, (position, position + shift, word, start, end, is_subword, -1)))
+            self._made = made
+        return self._made
+
+    def _span(self, position: int) -> TokenSpan:
+        """As `_token_spans` makes a token of a text that came whole."""
+        token, (start, end) = self._tokens[position], self._offsets[position]
+        text = self._text
+        if self._ids[position] == self._unk_id:  # an unknown token starts a word, its text its own
+            word, is_subword = text[start:end], False
+        elif self._word_aware:
+            word, is_subword = token, len(token) != len(text[start:end])
+        else:
+            word, is_subword = token, start > 0 and " " not in text[start - 1 : start + 1]
+        return tuple.__new__(TokenSpan, (position, position + self._shift, word, start, end, is_subword, -1))
+
+    @property
+    def positions(self) -> list[int]:
+        """The tokens' positions in the window (their rows), without making the tokens."""
+        return self._positions
 
 
 def postprocess(
@@ -279,7 +351,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _window_entities(
-    tokens: list[TokenSpan],
+    tokens: Sequence[TokenSpan],
     logits: np.ndarray,
     labels: list[str],
     strategy: str,
@@ -302,7 +374,7 @@ def _window_entities(
             return join_tokens([token.word for token in tokens[start:end]])
 
         def span(start: int, end: int) -> tuple[int, int]:
-            return tokens[start].start, tokens[end - 1].end
+            return tokens[start].start, tokens[end - 1].end  # a _Spans token costs a tuple: two made at most
 
     else:
         words = _split_words(tokens)
@@ -324,7 +396,7 @@ def _window_entities(
     return entities
 
 
-def _tag_tokens(tokens: list[TokenSpan], scores: np.ndarray, labels: list[str]) -> list[_Tagged]:
+def _tag_tokens(tokens: Sequence[TokenSpan], scores: np.ndarray, labels: list[str]) -> list[_Tagged]:
     """Every token's best label, found for the whole window in one pass (a numpy call per token cost more than the
     rest of post-processing)."""
     token_scores = scores[[token.position for token in tokens]]
@@ -336,14 +408,15 @@ def _tag_tokens(tokens: list[TokenSpan], scores: np.ndarray, labels: list[str]) 
     ]
 
 
-def _token_labels(tokens: list[TokenSpan], logits: np.ndarray) -> tuple[list[int], np.ndarray]:
+def _token_labels(tokens: Sequence[TokenSpan], logits: np.ndarray) -> tuple[list[int], np.ndarray]:
     """Every token's best label id and its score, for the whole window by numpy. The softmax is taken row by row,
     so taking it over the tokens' rows alone changes no score, and a row's max is its score at its argmax."""
-    first, last = tokens[0].position, tokens[-1].position
-    if last - first + 1 == len(tokens):  # the usual window: its text tokens in a row between the special ones
+    positions = tokens.positions if isinstance(tokens, _Spans) else [token.position for token in tokens]
+    first, last = positions[0], positions[-1]
+    if last - first + 1 == len(positions):  # the usual window: its text tokens in a row between the special ones
         token_scores = _softmax(logits[first : last + 1])
     else:
-        token_scores = _softmax(logits[[token.position for token in tokens]])
+        token_scores = _softmax(logits[positions])
     return token_scores.argmax(axis=-1).tolist(), token_scores.max(axis=-1)
 
 
@@ -404,7 +477,7 @@ def _label_kinds(labels: tuple[str, ...], ignore_labels: tuple[str, ...]) -> _La
     )
 
 
-def _split_words(tokens: list[TokenSpan]) -> list[list[TokenSpan]]:
+def _split_words(tokens: Sequence[TokenSpan]) -> list[list[TokenSpan]]:
     """Tokens into words: a word starts at the window's first token and at every token that is not a subword."""
     words: list[list[TokenSpan]] = []
     for token in tokens:

@@ -290,6 +290,28 @@ def test_windows_are_the_pipeline_tokenizers_windows(arch: str, tiny_checkpoint:
         ]
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tokens_made_when_asked_are_the_tokens_made_at_once(checkpoint: Callable[[str], Checkpoint], arch: str) -> None:
+    """A window's tokens made one by one when asked (`_Spans`, for a text that came whole) are the ones the loop over
+    every token makes (`_token_spans`): by index, by slice, all at once, and by index again once all are made;
+    unknown characters, word marks and spaces included."""
+    tokenizer = checkpoint(arch).tokenizer
+    word_aware, unk_id = tokenizer.continuing_subword_prefix is not None, tokenizer.unk_token_id
+    for text in (LONG_TEXT, "Zoë's ☃ café in 東京 costs x² ,  ¿ok?  \t tabs", "a"):
+        encodings = tokenizer.encode(text, max_length=MAX_LENGTH, stride=8)
+        for window, encoding in enumerate(encodings):
+            shift = window * (ner.window_capacity(tokenizer, MAX_LENGTH) - 8)
+            every = ner._token_spans(text, encoding, shift, word_aware, unk_id, None)
+            spans = ner._Spans(text, encoding, shift, word_aware, unk_id)
+            assert len(spans) == len(every) and spans.positions == [token.position for token in every]
+            assert [spans[index] for index in range(len(spans))] == every
+            assert spans[1:4] == every[1:4] and spans[-1] == every[-1]
+            assert list(spans) == every and [spans[index] for index in range(len(spans))] == every
+            assert all(type(token) is ner.TokenSpan and token.given_word == -1 for token in spans)
+    snowman = ner.prepare(tokenizer, "a ☃ b", MAX_LENGTH, 8).tokens[0]
+    assert unk_id is None or any(token.word == "☃" for token in snowman)  # an unknown token's word: its text
+
+
 def same_span(whole: tuple[int, int], start: int, end: int, text: str) -> bool:
     """The token's offsets in the whole text's encoding and in a window agree, up to a window's leading space.
 
