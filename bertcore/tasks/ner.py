@@ -206,17 +206,21 @@ def _given_word(window: Sequence[TokenSpan], text_index: int) -> int | None:
 
 
 def _token_spans(
-    text: str, encoding: Encoding, shift: int, word_aware: bool, unk_id: int | None, words: Words | None
+    text: str,
+    encoding: Encoding | _EncodingLists,
+    shift: int,
+    word_aware: bool,
+    unk_id: int | None,
+    words: Words | None,
 ) -> list[TokenSpan]:
-    """The window's non-special tokens. One is made per token of every request: the loop is written out (no call per
-    token but the tuple's own) for the serving path."""
+    """The window's non-special tokens (of an encoding, or of its lists where they were read already). Where they are
+    all made, one is made per token of a request: the loop is written out (no call per token but the tuple's own)."""
     spans: list[TokenSpan] = []
     append = spans.append
     make = tuple.__new__  # TokenSpan's fields in order, without the named tuple's Python-level __new__
     given_word, previous = -1, -1
-    for position, (token_id, token, (start, end), special) in enumerate(
-        zip(encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True)
-    ):
+    lists = encoding if isinstance(encoding, _EncodingLists) else _EncodingLists.of(encoding)
+    for position, (token_id, token, (start, end), special) in enumerate(zip(*lists, strict=True)):
         if special:
             continue
         unknown = token_id == unk_id
@@ -234,17 +238,30 @@ def _token_spans(
     return spans
 
 
+class _EncodingLists(NamedTuple):
+    """What a window's tokens are made of, read from its encoding once (each read makes a new list)."""
+
+    ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    special_tokens_mask: list[int]
+
+    @classmethod
+    def of(cls, encoding: Encoding) -> _EncodingLists:
+        return cls(encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask)
+
+
 class _Spans(Sequence[TokenSpan]):
     """A window's non-special tokens, each made when it is asked for: what `_token_spans` makes for a text that came
     whole, but "simple" (the default strategy) reads only the window's ends and its entities' tokens, and most of a
     text is dropped "O" runs: a tuple per token of every request was a third of NER's preparation."""
 
-    __slots__ = ("_ids", "_made", "_offsets", "_positions", "_shift", "_text", "_tokens", "_unk_id", "_word_aware")
+    __slots__ = ("_lists", "_made", "_positions", "_shift", "_text", "_unk_id", "_word_aware")
 
     def __init__(self, text: str, encoding: Encoding, shift: int, word_aware: bool, unk_id: int | None) -> None:
         self._text, self._shift, self._word_aware, self._unk_id = text, shift, word_aware, unk_id
-        self._ids, self._tokens, self._offsets = encoding.ids, encoding.tokens, encoding.offsets
-        self._positions = [position for position, special in enumerate(encoding.special_tokens_mask) if not special]
+        self._lists = _EncodingLists.of(encoding)
+        self._positions = [position for position, special in enumerate(self._lists.special_tokens_mask) if not special]
         self._made: list[TokenSpan] | None = None  # every token, once something read them all
 
     def __len__(self) -> int:
@@ -267,30 +284,17 @@ class _Spans(Sequence[TokenSpan]):
         return iter(self._every())
 
     def _every(self) -> list[TokenSpan]:
-        """Every token, made once ("none" and the word strategies read them all, some twice): the loop written out,
-        as `_token_spans`'s."""
+        """Every token, made once ("none" and the word strategies read them all, some twice), by `_token_spans`."""
         if self._made is None:
-            text, shift, unk_id, word_aware = self._text, self._shift, self._unk_id, self._word_aware
-            ids, tokens, offsets = self._ids, self._tokens, self._offsets
-            make, made = tuple.__new__, list[TokenSpan]()
-            append = made.append
-            for position in self._positions:
-                token, (start, end) = tokens[position], offsets[position]
-                if ids[position] == unk_id:
-                    word, is_subword = text[start:end], False
-                elif word_aware:
-                    word, is_subword = token, len(token) != len(text[start:end])
-                else:
-                    word, is_subword = token, start > 0 and " " not in text[start - 1 : start + 1]
-                append(make(TokenSpan, (position, position + shift, word, start, end, is_subword, -1)))
-            self._made = made
+            self._made = _token_spans(self._text, self._lists, self._shift, self._word_aware, self._unk_id, None)
         return self._made
 
     def _span(self, position: int) -> TokenSpan:
-        """As `_token_spans` makes a token of a text that came whole."""
-        token, (start, end) = self._tokens[position], self._offsets[position]
+        """One token, as `_token_spans` makes it for a text that came whole (its loop inlines this rule, a call per
+        token being most of its cost; the tests hold the two equal)."""
+        token, (start, end) = self._lists.tokens[position], self._lists.offsets[position]
         text = self._text
-        if self._ids[position] == self._unk_id:  # an unknown token starts a word, its text its own
+        if self._lists.ids[position] == self._unk_id:  # an unknown token starts a word, its text its own
             word, is_subword = text[start:end], False
         elif self._word_aware:
             word, is_subword = token, len(token) != len(text[start:end])
