@@ -7,6 +7,8 @@ sigmoid for multi-label models and for a one-label head, softmax otherwise; `fun
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from bertcore.rows import Row
@@ -76,8 +78,35 @@ def postprocess(
     top_k: int | None,
     function: str | None = None,
 ) -> list[dict]:
-    probabilities = scores(logits, problem_type, function)
-    order = np.argsort(-probabilities, kind="stable")
+    """One input's labels and scores, best first (`top_k` of them; None: all)."""
+    return postprocess_all([logits], labels, problem_type, top_k, function)[0]
+
+
+def postprocess_all(
+    logits: Sequence[np.ndarray],
+    labels: list[str],
+    problem_type: str | None,
+    top_k: int | None,
+    function: str | None = None,
+) -> list[list[dict]]:
+    """Each input's `postprocess`, the inputs' logits (each of shape (len(labels),)) taken as one matrix: a row's
+    scores are the same numbers (the functions run row by row), and numpy is called a few times a request rather
+    than a few times an input, which cost more than the rest of a 16-input request's post-processing."""
+    if not logits:
+        return []
+    probabilities = scores(np.stack(logits), problem_type, function)
+    order = np.argsort(-probabilities, axis=-1, kind="stable")
     if top_k is not None:
-        order = order[:top_k]
-    return [{"label": labels[i], "score": float(probabilities[i])} for i in order]
+        order = order[:, :top_k]
+    return [
+        [{"label": labels[i], "score": row[i]} for i in picks]
+        for row, picks in zip(probabilities.tolist(), order.tolist(), strict=True)
+    ]
+
+
+def relevance_all(logits: Sequence[np.ndarray]) -> list[float]:
+    """A cross-encoder's relevance of each pair: the sigmoid of its one logit (each of shape (1,)), for all pairs
+    in one numpy pass, as `postprocess_all`."""
+    if not logits:
+        return []
+    return scores(np.stack(logits)[:, 0], None, "sigmoid").tolist()

@@ -317,14 +317,68 @@ def postprocess(
     ignore_labels: tuple[str, ...] = ("O",),
 ) -> list[Entity]:
     """Entities of the text from each window's logits, shape (len(rows[i]), len(labels))."""
+    return postprocess_all([text], [features], [logits], labels, strategy, ignore_labels)[0]
+
+
+def postprocess_all(
+    texts: Sequence[str],
+    features: Sequence[NerFeatures],
+    logits: Sequence[list[np.ndarray]],
+    labels: list[str],
+    strategy: str,
+    ignore_labels: tuple[str, ...] = ("O",),
+) -> list[list[Entity]]:
+    """Each text's `postprocess`, the label scores of all the texts' windows found at once (`score_windows`)."""
     check_strategy(strategy)
-    _check_logits(features, logits, labels)
+    for text_features, text_logits in zip(features, logits, strict=True):
+        _check_logits(text_features, text_logits, labels)
+    scored = iter(score_windows([window for text_logits in logits for window in text_logits]))
+    return [
+        _entities(text, text_features, [next(scored) for _ in text_logits], labels, strategy, ignore_labels)
+        for text, text_features, text_logits in zip(texts, features, logits, strict=True)
+    ]
+
+
+class WindowScores(NamedTuple):
+    """A window's label scores: the softmax over labels of each of its rows, and each row's best label and score
+    (the first of equals)."""
+
+    probabilities: np.ndarray  # (rows, labels), float32
+    best: list[int]  # each row's best label id
+    best_scores: np.ndarray  # (rows,), float32: each row's score of its best label
+
+
+def score_windows(logits: Sequence[np.ndarray]) -> list[WindowScores]:
+    """The scores of windows (of one request: its texts' windows one after another), for all their rows in one
+    numpy pass. A row's scores are those of the row alone (softmax, argmax and max run row by row); a call per
+    window cost more than the rest of a sentence's post-processing."""
+    if not logits:
+        return []
+    probabilities = _softmax(logits[0] if len(logits) == 1 else np.concatenate(logits))
+    best = probabilities.argmax(axis=-1).tolist()
+    best_scores = probabilities.max(axis=-1)
+    windows, start = [], 0
+    for window in logits:
+        end = start + len(window)
+        windows.append(WindowScores(probabilities[start:end], best[start:end], best_scores[start:end]))
+        start = end
+    return windows
+
+
+def _entities(
+    text: str,
+    features: NerFeatures,
+    scored: list[WindowScores],
+    labels: list[str],
+    strategy: str,
+    ignore_labels: tuple[str, ...],
+) -> list[Entity]:
     windows = features.tokens
     if features.words is not None and strategy in WORD_STRATEGIES:
         windows = _whole_words(windows)
     per_window = [
-        _window_entities(tokens, window_logits, labels, strategy, features.join_tokens, ignore_labels)
-        for tokens, window_logits in zip(windows, logits, strict=True)
+        _window_entities(tokens, window_scores, labels, strategy, features.join_tokens, ignore_labels)
+        for tokens, window_scores in zip(windows, scored, strict=True)
     ]
     if len(per_window) == 1:
         entities = per_window[0]
@@ -356,7 +410,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def _window_entities(
     tokens: Sequence[TokenSpan],
-    logits: np.ndarray,
+    scores: WindowScores,
     labels: list[str],
     strategy: str,
     join_tokens: Callable[[Sequence[str]], str],
@@ -366,13 +420,13 @@ def _window_entities(
     group's text joined only where it is kept (most of a text is "O" runs, dropped unseen: the decoder's call per
     word was most of the word strategies' work), without an object per token."""
     if strategy == "none":
-        tagged = _tag_tokens(tokens, _softmax(logits), labels)
+        tagged = _tag_tokens(tokens, scores, labels)
         return [_token_entity(item) for item in tagged if item.label not in ignore_labels]
     if not tokens:
         return []
     best_scores: Sequence[float] | np.ndarray
     if strategy == "simple":
-        best, best_scores = _token_labels(tokens, logits)
+        best, best_scores = _token_labels(tokens, scores)
 
         def text(start: int, end: int) -> str:
             return join_tokens([token.word for token in tokens[start:end]])
@@ -382,7 +436,7 @@ def _window_entities(
 
     else:
         words = _split_words(tokens)
-        best, best_scores = _word_labels(words, _softmax(logits), strategy)
+        best, best_scores = _word_labels(words, scores, strategy)
 
         def text(start: int, end: int) -> str:
             return join_tokens([join_tokens([token.word for token in word]) for word in words[start:end]])
@@ -400,40 +454,35 @@ def _window_entities(
     return entities
 
 
-def _tag_tokens(tokens: Sequence[TokenSpan], scores: np.ndarray, labels: list[str]) -> list[_Tagged]:
-    """Every token's best label, found for the whole window in one pass (a numpy call per token cost more than the
-    rest of post-processing)."""
-    token_scores = scores[[token.position for token in tokens]]
-    best = token_scores.argmax(axis=-1)
-    best_scores = token_scores[np.arange(len(tokens)), best].tolist()
+def _tag_tokens(tokens: Sequence[TokenSpan], scores: WindowScores, labels: list[str]) -> list[_Tagged]:
+    """Every token's best label and its score."""
+    positions = [token.position for token in tokens]
+    best = scores.best
     return [
-        _Tagged(labels[label], score, token.word, token.start, token.end, token.text_index)
-        for token, label, score in zip(tokens, best.tolist(), best_scores, strict=True)
+        _Tagged(labels[best[position]], score, token.word, token.start, token.end, token.text_index)
+        for token, position, score in zip(tokens, positions, scores.best_scores[positions].tolist(), strict=True)
     ]
 
 
-def _token_labels(tokens: Sequence[TokenSpan], logits: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """Every token's best label id and its score, for the whole window by numpy. The softmax is taken row by row,
-    so taking it over the tokens' rows alone changes no score, and a row's max is its score at its argmax."""
+def _token_labels(tokens: Sequence[TokenSpan], scores: WindowScores) -> tuple[list[int], np.ndarray]:
+    """Every token's best label id and its score."""
     positions = tokens.positions if isinstance(tokens, _Spans) else [token.position for token in tokens]
     first, last = positions[0], positions[-1]
     if last - first + 1 == len(positions):  # the usual window: its text tokens in a row between the special ones
-        token_scores = _softmax(logits[first : last + 1])
-    else:
-        token_scores = _softmax(logits[positions])
-    return token_scores.argmax(axis=-1).tolist(), token_scores.max(axis=-1)
+        return scores.best[first : last + 1], scores.best_scores[first : last + 1]
+    return [scores.best[position] for position in positions], scores.best_scores[positions]
 
 
 def _word_labels(
-    words: list[list[TokenSpan]], scores: np.ndarray, strategy: str
+    words: list[list[TokenSpan]], scores: WindowScores, strategy: str
 ) -> tuple[list[int], Sequence[float] | np.ndarray]:
     """Every word's best label id and its score (`_word_scores`): "first"'s for all words at once."""
     if strategy == "first":
-        word_scores = scores[[word[0].position for word in words]]
-        return word_scores.argmax(axis=-1).tolist(), word_scores.max(axis=-1)
+        positions = [word[0].position for word in words]
+        return [scores.best[position] for position in positions], scores.best_scores[positions]
     best, best_scores = [], []
     for word in words:
-        row = _word_scores(word, scores, strategy)
+        row = _word_scores(word, scores.probabilities, strategy)
         label = int(row.argmax())
         best.append(label)
         best_scores.append(float(row[label]))

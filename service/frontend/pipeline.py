@@ -101,10 +101,9 @@ class RequestPipeline:
         outputs, timings = await self._classify_rows(model, inputs, _classify_texts(inputs), ticket)
         labels, problem_type = model.labels, model.config.problem_type if model.config else None
         with tracing.span("postprocess"):
-            results = [
-                classification.postprocess(out["logits"], labels, problem_type, top_k, function_to_apply)
-                for out in outputs
-            ]
+            results = classification.postprocess_all(
+                [out["logits"] for out in outputs], labels, problem_type, top_k, function_to_apply
+            )
         return results, timings
 
     async def rerank(
@@ -132,7 +131,7 @@ class RequestPipeline:
         pairs: list[classification.TextInput] = [(query, document) for document in documents]
         outputs, timings = await self._classify_rows(model, pairs, texts, ticket)
         with tracing.span("postprocess"):
-            scores = [float(classification.scores(out["logits"], None, "sigmoid")[0]) for out in outputs]
+            scores = classification.relevance_all([out["logits"] for out in outputs])
         return scores, timings
 
     async def embed(
@@ -247,10 +246,8 @@ class RequestPipeline:
         per_input = _split(outputs, [len(f.rows) for f in features])
 
         def post() -> list[list[dict]]:
-            return [
-                ner.postprocess(text, f, [o["logits"] for o in outs], model.labels, strategy, ignored)
-                for text, f, outs in zip(texts, features, per_input, strict=True)
-            ]
+            logits = [[o["logits"] for o in outs] for outs in per_input]
+            return ner.postprocess_all(texts, features, logits, model.labels, strategy, ignored)
 
         with tracing.span("postprocess"):
             return await self._checked(post, inline=small), timings

@@ -36,3 +36,50 @@ def test_function_to_apply_overrides_the_default() -> None:
     with pytest.raises(TaskInputError) as raised:
         classification.postprocess(LOGITS, labels, None, None, "tanh")
     assert raised.value.field == "function_to_apply"
+
+
+def _one_input(
+    logits: np.ndarray, labels: list[str], problem_type: str | None, top_k: int | None, function: str | None
+):
+    """The reference: one input's scores by numpy on its own row, as post-processing ran before it took a
+    request's rows at once."""
+    values = logits.astype(np.float64)
+    function = function or classification.default_function(problem_type, values.shape[-1])
+    if function == "sigmoid":
+        values = 1.0 / (1.0 + np.exp(-values))
+    elif function == "softmax":
+        shifted = np.exp(values - values.max(-1, keepdims=True))
+        values = shifted / shifted.sum(-1, keepdims=True)
+    order = np.argsort(-values, kind="stable")
+    if top_k is not None:
+        order = order[:top_k]
+    return [{"label": labels[i], "score": float(values[i])} for i in order]
+
+
+@pytest.mark.parametrize("label_count", [1, 2, 3, 7, 28, 301])
+def test_a_requests_inputs_scored_at_once_score_as_each_alone(label_count: int) -> None:
+    """Bit for bit, every function, top_k and label count: ties (equal logits) keep the label order, and the rows
+    come from one block of logits, as the engine's answer holds them."""
+    rng = np.random.default_rng(label_count)
+    labels = [f"label_{i}" for i in range(label_count)]
+    block = rng.normal(0.0, 4.0, size=(16, label_count)).astype(np.float32)
+    block[3] = 1.5  # a row of ties
+    block[5, : label_count // 2] = block[5, -1]  # some ties
+    rows = [block[i] for i in range(len(block))]
+    cases = 0
+    for function in (None, "softmax", "sigmoid", "none"):
+        for problem_type in (None, "single_label_classification", "multi_label_classification", "regression"):
+            for top_k in (None, 1, 2, label_count + 5):
+                expected = [_one_input(row, labels, problem_type, top_k, function) for row in rows]
+                assert classification.postprocess_all(rows, labels, problem_type, top_k, function) == expected
+                assert classification.postprocess_all(rows[:1], labels, problem_type, top_k, function) == expected[:1]
+                cases += 1
+    assert cases == 64
+    assert classification.postprocess_all([], labels, None, None) == []
+
+
+def test_rerank_relevance_of_pairs_at_once_is_each_pairs_sigmoid() -> None:
+    logits = np.random.default_rng(7).normal(0.0, 6.0, size=(33, 1)).astype(np.float32)
+    rows = [logits[i] for i in range(len(logits))]
+    assert classification.relevance_all(rows) == [float(1.0 / (1.0 + np.exp(-float(row[0])))) for row in rows]
+    assert classification.relevance_all([]) == []

@@ -351,6 +351,25 @@ def test_strategy_none_over_windows_reports_each_token_once(checkpoint: Callable
     assert_same_entities(expected, first_only, f"{arch}/none first window")
 
 
+@pytest.mark.parametrize("strategy", ner.AGGREGATION_STRATEGIES)
+def test_a_requests_texts_post_processed_together_are_each_alone(
+    checkpoint: Callable[[str], Checkpoint], strategy: str
+) -> None:
+    # One request's texts (one window and several) have their windows' scores found in one block: each text's
+    # entities must be those of the text post-processed alone.
+    model = checkpoint("bert")
+    texts = [LONG_TEXT, "Ada Lovelace met Charles Babbage in London.", LONG_TEXT[:90], "Paris"]
+    features = [ner.prepare(model.tokenizer, text, MAX_LENGTH, 8) for text in texts]
+    logits = [model.logits(text_features) for text_features in features]
+    assert len(features[0].rows) >= 3
+    alone = [
+        ner.postprocess(text, text_features, text_logits, model.labels, strategy)
+        for text, text_features, text_logits in zip(texts, features, logits, strict=True)
+    ]
+    assert ner.postprocess_all(texts, features, logits, model.labels, strategy) == alone
+    assert sum(len(entities) for entities in alone) > 0
+
+
 @pytest.mark.parametrize("strategy", ["none", "simple", "average"])
 def test_ignore_labels_pass_through(checkpoint: Callable[[str], Checkpoint], strategy: str) -> None:
     model = checkpoint("bert")
@@ -523,7 +542,16 @@ def plain_words(tokens: list, scores: np.ndarray, labels: list[str], strategy: s
     return tagged
 
 
-@pytest.mark.parametrize("strategy", ["simple", *ner.WORD_STRATEGIES])
+def plain_tags(tokens: list, scores: np.ndarray, labels: list[str]) -> list:
+    tagged = []
+    for token in tokens:
+        row = scores[token.position]
+        best = int(row.argmax())
+        tagged.append(ner._Tagged(labels[best], float(row[best]), token.word, token.start, token.end, token.text_index))
+    return tagged
+
+
+@pytest.mark.parametrize("strategy", ["none", "simple", *ner.WORD_STRATEGIES])
 @pytest.mark.parametrize(
     "labels",
     [
@@ -557,10 +585,18 @@ def test_groups_as_tagging_each_item_then_grouping_does(labels: list[str], strat
             for p, sub in zip(positions, subword.tolist(), strict=True)
         ]
         ignore = tuple(labels[:1]) if trial % 2 else ()
-        scores = ner._softmax(logits)
-        if strategy == "simple":
-            tagged = ner._tag_tokens(tokens, scores, labels)
+        scores = ner._softmax(logits)  # of the window alone
+        if strategy == "none":  # every token its own entity, less the ignored labels
+            tagged = plain_tags(tokens, scores, labels)
+            expected = [ner._token_entity(item) for item in tagged if item.label not in ignore]
         else:
-            tagged = plain_words(tokens, scores, labels, strategy, join)
-        expected = plain_groups(tagged, ignore, join)
-        assert ner._window_entities(tokens, logits, labels, strategy, join, ignore) == expected
+            tagged = (
+                plain_tags(tokens, scores, labels)
+                if strategy == "simple"
+                else plain_words(tokens, scores, labels, strategy, join)
+            )
+            expected = plain_groups(tagged, ignore, join)
+        # scored as a request's windows are: the window's rows between other windows' rows, in one block
+        before, after = (rng.normal(0, 2, (int(rng.integers(0, 9)), len(labels))).astype(np.float32) for _ in "ab")
+        scored = ner.score_windows([before, logits, after])[1]
+        assert ner._window_entities(tokens, scored, labels, strategy, join, ignore) == expected
