@@ -4,7 +4,9 @@ tokenizer-alone cost, and the engine's CPU per row outside the model, per task a
 For each task (classify: SST-2 dev sentences; ner: CoNLL-2003 test sentences; qa: SQuAD questions with their
 contexts; rerank: a query and SST-2 sentences as its documents, POST /v1/rerank on a cross-encoder entry; and, only
 when named in --tasks, qa-long: SQuAD questions with their article's paragraphs joined to ~600 words, a long
-document in 3-4 windows, as benchmarks.request_shapes makes them) and each
+document in 3-4 windows, as benchmarks.request_shapes makes them; classify-long: SST-2 sentences joined four to a
+text; ner-long: CoNLL-2003 sentences joined forty to a text, as benchmarks.request_shapes makes them. Long requests
+are tokenized on the --tokenizer-threads pool, short ones on the event loop) and each
 request size (--sizes, inputs per request), a real server in process mode with ONE front-end
 (`python -m service --engine-mode process --frontends 1`) takes --connections closed-loop keep-alive connections
 for --seconds, after --warmup-seconds of the same load. Measured over that window, from /proc
@@ -80,15 +82,25 @@ from bertcore.model_config import ModelConfig
 from tests.harness.serving import ROOT, ServiceProcess, start_service
 
 DEFAULT_TASKS = ("classify", "ner", "qa", "rerank")
-TASKS = (*DEFAULT_TASKS, "qa-long")
-MODEL_TASK = {"classify": "classification", "ner": "ner", "qa": "qa", "rerank": "classification", "qa-long": "qa"}
-ROUTE = {"classify": "classify", "ner": "ner", "qa": "qa", "qa-long": "qa"}  # /v1/models/NAME/ROUTE
+LONG_TASKS = {"classify-long": "classify", "ner-long": "ner", "qa-long": "qa"}  # only where named: long inputs
+TASKS = (*DEFAULT_TASKS, *LONG_TASKS)
+MODEL_TASK = {
+    "classify": "classification",
+    "ner": "ner",
+    "qa": "qa",
+    "rerank": "classification",
+    **{long: {"classify": "classification", "ner": "ner", "qa": "qa"}[task] for long, task in LONG_TASKS.items()},
+}
+ROUTE = {"classify": "classify", "ner": "ner", "qa": "qa", **LONG_TASKS}  # /v1/models/NAME/ROUTE
+CLASSIFY_LONG_SENTENCES = 4  # SST-2 sentences a classify-long text joins
 SHARED_ENTRIES = {
     "classify": "minilm-bert-sst2",
     "ner": "minilm-bert-conll03",
     "qa": "minilm-bert-squad",
     "rerank": "minilm-cross-encoder",
     "qa-long": "minilm-bert-squad",
+    "classify-long": "minilm-bert-sst2",
+    "ner-long": "minilm-bert-conll03",
 }
 QUERIES = (  # rerank: the query of each request in turn, the documents SST-2 sentences
     "a funny and moving film",
@@ -270,7 +282,7 @@ def find_entries(repository: Path, tasks: list[str], named: dict[str, str]) -> d
             name
             for name, config in configs.items()
             if config.task == MODEL_TASK[task]
-            and (task != "classify" or not config.rerank)
+            and (task not in ("classify", "classify-long") or not config.rerank)
             and (task != "rerank" or config.rerank)
         ]
         if SHARED_ENTRIES[task] in fits:
@@ -287,6 +299,16 @@ def task_texts(task: str, limit: int) -> tuple[list[Any], str]:
     if shared_available():
         if task in ("classify", "rerank"):
             return [sentence for sentence, _ in sst2(limit)], "SST-2 dev"
+        if task == "classify-long":
+            sentences = [sentence for sentence, _ in sst2()]
+            joined = CLASSIFY_LONG_SENTENCES
+            texts = [" ".join(sentences[i : i + joined]) for i in range(0, len(sentences) - joined + 1, joined)]
+            return texts[:limit], f"SST-2 dev, {joined} sentences a text"
+        if task == "ner-long":
+            bodies = request_shapes.BODIES["ner-long"](limit)
+            return [
+                body["inputs"][0] for body in bodies
+            ], f"CoNLL-2003 test, {request_shapes.NER_SENTENCES} sentences a text"
         if task == "ner":
             return [" ".join(words) for words, _ in conll03(limit)], "CoNLL-2003 test"
         if task == "qa-long":
@@ -335,9 +357,9 @@ def tokenizer_alone(entry: Path, task: str, items: list[list[Any]], min_seconds:
     tokenizer.no_padding()
     tokenizer.no_truncation()
     encode: Callable[[list[Any]], object]
-    if task in ("classify", "rerank"):
+    if task in ("classify", "rerank", "classify-long"):
         encode = tokenizer.encode_batch
-    elif task == "ner":
+    elif task in ("ner", "ner-long"):
         text_tokenizer = TextTokenizer.load(path, config.tokenizer.pad_token_id, config.tokenizer.padding_side)
         stride = ner.default_stride(text_tokenizer, config.max_length)
         tokenizer.enable_truncation(config.max_length, stride=stride, strategy="longest_first")

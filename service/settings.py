@@ -225,7 +225,14 @@ class Settings(BaseSettings):
         "readable by other users, re-read when it changes; separate from the inference keys (--api-key-file)",
     )
     warmup: bool = Field(True, description="run each model once per batch shape class before reporting ready")
-    tokenizer_threads: int = Field(2, ge=1, le=64, description="threads for tokenization and post-processing")
+    tokenizer_threads: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="threads per front-end for long requests' tokenization and post-processing (short ones run on "
+        "the event loop); more lets long classification and embedding requests tokenize side by side, but QA's "
+        "and NER's work holds the GIL and costs more CPU per request on several threads (docs/serving.md)",
+    )
     drain_timeout_s: float = Field(30.0, ge=0, le=3600, description="on SIGTERM, longest wait for work in flight")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 

@@ -102,3 +102,17 @@ def test_long_documents_are_a_task_of_their_own_on_the_qa_route() -> None:
     if shared_available():
         assert "600 words" in source and len(pairs) == 8
         assert all(len(context.split()) == request_shapes.QA_CONTEXT_WORDS for _, context in pairs)
+
+
+def test_long_texts_are_tasks_of_their_own_on_their_routes() -> None:
+    """classify-long and ner-long (only where named): texts long enough for the tokenizer pool, on the classify and
+    NER routes of those entries."""
+    assert parse_args(["--tasks", "classify-long,ner-long"]).tasks == ["classify-long", "ner-long"]
+    for task, route in (("classify-long", "classify"), ("ner-long", "ner")):
+        texts, source = task_texts(task, 6)
+        work = workload(task, "entry", texts, 3)
+        assert work.path == f"/v1/models/entry/{route}" and len(work.requests) == 2
+        assert work.requests[0] == ({"inputs": texts[:3]}, 3)
+        if shared_available():
+            assert len(texts) == 6 and all(isinstance(text, str) for text in texts)
+            assert min(len(text) for text in texts) > 100 and "sentences a text" in source

@@ -166,7 +166,7 @@ def flags_by_module(blocks: list[Block]) -> dict[str, dict[str, list[str]]]:
                 for arg in (a.strip("[]") for a in args):
                     if arg == "--":  # benchmarks.reliability: what follows goes to python -m service
                         target = "service"
-                    elif previous == "--server-args":  # a benchmark's string of server flags
+                    elif previous in ("--server-args", "--base-server-args"):  # a benchmark's string of server flags
                         for flag in FLAG.findall(arg):
                             add("service", flag, block.where)
                     elif arg.startswith("--"):
