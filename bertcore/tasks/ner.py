@@ -347,6 +347,13 @@ class WindowScores(NamedTuple):
     best: list[int]  # each row's best label id
     best_scores: np.ndarray  # (rows,), float32: each row's score of its best label
 
+    def at(self, positions: list[int]) -> tuple[list[int], np.ndarray]:
+        """The best label ids and their scores of the rows at `positions` (ascending): slices where they are in a
+        row, as a window's text tokens are between its special ones."""
+        if positions and positions[-1] - positions[0] + 1 == len(positions):
+            return self.best[positions[0] : positions[-1] + 1], self.best_scores[positions[0] : positions[-1] + 1]
+        return [self.best[position] for position in positions], self.best_scores[positions]
+
 
 def score_windows(logits: Sequence[np.ndarray]) -> list[WindowScores]:
     """The scores of windows (of one request: its texts' windows one after another), for all their rows in one
@@ -456,21 +463,16 @@ def _window_entities(
 
 def _tag_tokens(tokens: Sequence[TokenSpan], scores: WindowScores, labels: list[str]) -> list[_Tagged]:
     """Every token's best label and its score."""
-    positions = [token.position for token in tokens]
-    best = scores.best
+    best, best_scores = _token_labels(tokens, scores)
     return [
-        _Tagged(labels[best[position]], score, token.word, token.start, token.end, token.text_index)
-        for token, position, score in zip(tokens, positions, scores.best_scores[positions].tolist(), strict=True)
+        _Tagged(labels[label], score, token.word, token.start, token.end, token.text_index)
+        for token, label, score in zip(tokens, best, best_scores.tolist(), strict=True)
     ]
 
 
 def _token_labels(tokens: Sequence[TokenSpan], scores: WindowScores) -> tuple[list[int], np.ndarray]:
-    """Every token's best label id and its score."""
-    positions = tokens.positions if isinstance(tokens, _Spans) else [token.position for token in tokens]
-    first, last = positions[0], positions[-1]
-    if last - first + 1 == len(positions):  # the usual window: its text tokens in a row between the special ones
-        return scores.best[first : last + 1], scores.best_scores[first : last + 1]
-    return [scores.best[position] for position in positions], scores.best_scores[positions]
+    """Every token's best label id and its score (a `_Spans` window's positions read without making its tokens)."""
+    return scores.at(tokens.positions if isinstance(tokens, _Spans) else [token.position for token in tokens])
 
 
 def _word_labels(
@@ -478,8 +480,7 @@ def _word_labels(
 ) -> tuple[list[int], Sequence[float] | np.ndarray]:
     """Every word's best label id and its score (`_word_scores`): "first"'s for all words at once."""
     if strategy == "first":
-        positions = [word[0].position for word in words]
-        return [scores.best[position] for position in positions], scores.best_scores[positions]
+        return scores.at([word[0].position for word in words])
     best, best_scores = [], []
     for word in words:
         row = _word_scores(word, scores.probabilities, strategy)
