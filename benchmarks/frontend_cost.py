@@ -84,24 +84,24 @@ from tests.harness.serving import ROOT, ServiceProcess, start_service
 DEFAULT_TASKS = ("classify", "ner", "qa", "rerank")
 LONG_TASKS = {"classify-long": "classify", "ner-long": "ner", "qa-long": "qa"}  # only where named: long inputs
 TASKS = (*DEFAULT_TASKS, *LONG_TASKS)
-MODEL_TASK = {
-    "classify": "classification",
-    "ner": "ner",
-    "qa": "qa",
-    "rerank": "classification",
-    **{long: {"classify": "classification", "ner": "ner", "qa": "qa"}[task] for long, task in LONG_TASKS.items()},
-}
-ROUTE = {"classify": "classify", "ner": "ner", "qa": "qa", **LONG_TASKS}  # /v1/models/NAME/ROUTE
+
+
+def base_task(task: str) -> str:
+    """The task a long one is of (classify-long: classify), served by the same entry on the same route."""
+    return LONG_TASKS.get(task, task)
+
+
+_MODEL_TASK = {"classify": "classification", "ner": "ner", "qa": "qa", "rerank": "classification"}
+MODEL_TASK = {task: _MODEL_TASK[base_task(task)] for task in TASKS}
+ROUTE = {task: base_task(task) for task in TASKS if task != "rerank"}  # /v1/models/NAME/ROUTE
 CLASSIFY_LONG_SENTENCES = 4  # SST-2 sentences a classify-long text joins
-SHARED_ENTRIES = {
+_SHARED_ENTRIES = {
     "classify": "minilm-bert-sst2",
     "ner": "minilm-bert-conll03",
     "qa": "minilm-bert-squad",
     "rerank": "minilm-cross-encoder",
-    "qa-long": "minilm-bert-squad",
-    "classify-long": "minilm-bert-sst2",
-    "ner-long": "minilm-bert-conll03",
 }
+SHARED_ENTRIES = {task: _SHARED_ENTRIES[base_task(task)] for task in TASKS}
 QUERIES = (  # rerank: the query of each request in turn, the documents SST-2 sentences
     "a funny and moving film",
     "the acting is terrible",
@@ -282,7 +282,7 @@ def find_entries(repository: Path, tasks: list[str], named: dict[str, str]) -> d
             name
             for name, config in configs.items()
             if config.task == MODEL_TASK[task]
-            and (task not in ("classify", "classify-long") or not config.rerank)
+            and (base_task(task) != "classify" or not config.rerank)
             and (task != "rerank" or config.rerank)
         ]
         if SHARED_ENTRIES[task] in fits:
@@ -357,9 +357,9 @@ def tokenizer_alone(entry: Path, task: str, items: list[list[Any]], min_seconds:
     tokenizer.no_padding()
     tokenizer.no_truncation()
     encode: Callable[[list[Any]], object]
-    if task in ("classify", "rerank", "classify-long"):
+    if base_task(task) in ("classify", "rerank"):
         encode = tokenizer.encode_batch
-    elif task in ("ner", "ner-long"):
+    elif base_task(task) == "ner":
         text_tokenizer = TextTokenizer.load(path, config.tokenizer.pad_token_id, config.tokenizer.padding_side)
         stride = ner.default_stride(text_tokenizer, config.max_length)
         tokenizer.enable_truncation(config.max_length, stride=stride, strategy="longest_first")
