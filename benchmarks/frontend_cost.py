@@ -74,7 +74,7 @@ from typing import Any
 
 from benchmarks import request_shapes, sleeping_session
 from benchmarks.loadclient import LoadResult, run_load
-from benchmarks.process_cpu import ProcessTreeCpu
+from benchmarks.process_cpu import BUSY_MACHINE_CORES, OtherCpu
 from benchmarks.realdata import SHARED, conll03, shared_available, squad, sst2
 from benchmarks.reports import write_report
 from benchmarks.scrape import delta, scrape
@@ -452,18 +452,21 @@ def measure_cell(server: ServiceProcess, work: Workload, args: argparse.Namespac
     if args.warmup_seconds > 0:
         run_load(server.url, work.path, bodies, sizes, args.connections, args.warmup_seconds)
     before = metrics(server.url)
-    with ProcessTreeCpu(server.process.pid) as cpu:
+    with OtherCpu(server.process.pid) as cpu:
         load = run_load(server.url, work.path, bodies, sizes, args.connections, args.seconds)
     rows = delta(before, metrics(server.url), "bertserve_batch_size_sum")
-    return figures(load, cpu.seconds() or {}, rows, tokenizer_us)
+    return figures(load, cpu.server_seconds() or {}, rows, tokenizer_us, cpu.cores())
 
 
 def metrics(url: str) -> dict[str, float]:
     return {name: float(value) for name, value in scrape(url).items()}
 
 
-def figures(load: LoadResult, cpu: dict[str, float], rows: float | None, tokenizer_us: float) -> dict:
-    """The cell's figures from its load, the CPU seconds by role over the window and the rows the engine ran."""
+def figures(
+    load: LoadResult, cpu: dict[str, float], rows: float | None, tokenizer_us: float, other_cores: float | None = None
+) -> dict:
+    """The cell's figures from its load, the CPU seconds by role over the window and the rows the engine ran; and
+    the cores the rest of the machine used meanwhile (`OtherCpu`: well above zero, the cell measured that too)."""
     answered = load.statuses.get(200, 0)
     sequences = load.sequences
     frontend, engine = cpu.get("front-ends"), cpu.get("engine")
@@ -490,6 +493,7 @@ def figures(load: LoadResult, cpu: dict[str, float], rows: float | None, tokeniz
         "engine_us_per_row": per(engine, rows),
         "rows_per_sequence": round(rows / sequences, 3) if rows and sequences else None,
         "cores": {role: round(seconds / load.seconds, 2) for role, seconds in sorted(cpu.items())},
+        "other_cores": None if other_cores is None else round(other_cores, 2),
         "seconds": round(load.seconds, 2),
     }
 
@@ -561,6 +565,18 @@ def median_figures(rows: list[dict]) -> dict:
             combined[key] = statistics.median(values)
     combined["rounds"] = len(rows)
     return combined
+
+
+def busy_cells(runs: dict[str, dict]) -> list[str]:
+    """A warning for each cell measured while the rest of the machine used more than BUSY_MACHINE_CORES (its median
+    over the rounds): the front-end's figures then hold that work's share of the cores and caches too."""
+    return [
+        f"WARNING: {label} {key}: other programs used {row['other_cores']:.2f} cores of this machine while it was "
+        f"measured; rerun it on a quiet machine"
+        for label, run in runs.items()
+        for key, row in run["cells"].items()
+        if (row.get("other_cores") or 0) > BUSY_MACHINE_CORES
+    ]
 
 
 # --- the tables ------------------------------------------------------------------------------------------------
@@ -666,6 +682,8 @@ def main(argv: list[str] | None = None) -> dict:
     if "base" in report["runs"]:
         print("\nchange / base:")
         print("\n".join(comparison(report["runs"]["base"], report["runs"]["change"])))
+    for line in busy_cells(report["runs"]):
+        print(line)
     write_report("frontend_cost", report, args.json)
     errors = {
         f"{label} {key}": row["errors"]

@@ -46,7 +46,7 @@ import httpx
 from benchmarks import realdata
 from benchmarks.loadclient import run_load
 from benchmarks.openloop import OpenLoopResult, open_loop, post_request
-from benchmarks.process_cpu import process_tree, role_of
+from benchmarks.process_cpu import BUSY_MACHINE_CORES, OtherCpu, process_tree, role_of
 from benchmarks.reports import write_report
 from benchmarks.request_shapes import SHAPES
 from service.settings import Settings
@@ -145,21 +145,42 @@ def overload(workdir: Path, factor: float, seconds: float, server_args: list[str
         )
         host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
         requests = [post_request(host, path, json.dumps(body).encode()) for body in bodies]
-        result = asyncio.run(open_loop(host, port, requests, rate * factor, seconds, probe_port=probe_port))
+        with OtherCpu(server.process.pid) as other:
+            result = asyncio.run(open_loop(host, port, requests, rate * factor, seconds, probe_port=probe_port))
+        other_cores = other.cores()
         summary = {
             "shape": shape.name,
             "factor": factor,
             "capacity_per_s": round(rate, 1),
             "alone_ms": round(own_ms, 1),
             "server_args": server_args,
+            "other_cores": None if other_cores is None else round(other_cores, 2),
             **result.summary(),
         }
+        if other_cores is not None and other_cores > BUSY_MACHINE_CORES:
+            print(f"{shape.name}: {busy_machine(other_cores)}", flush=True)
         time.sleep(5)
         summary["after_5_s"] = normal_after(server, path, bodies)
         summary["server_alive"] = server.process.poll() is None
     finally:
         server.stop()
     return summary
+
+
+def busy_machine(other_cores: float) -> str:
+    return (
+        f"WARNING: other programs used {other_cores:.2f} cores of this machine during the open loop (beyond the "
+        f"server and this benchmark): these figures measured that work too; rerun on a quiet machine"
+    )
+
+
+def busy_rows(rows: list[dict]) -> list[str]:
+    """The warnings under the table: a row taken while the machine did other work is not the server's figure."""
+    return [
+        f"{row['shape']} ({row['factor']:g}x): {busy_machine(row['other_cores'])}"
+        for row in rows
+        if (row.get("other_cores") or 0) > BUSY_MACHINE_CORES
+    ]
 
 
 def overload_table(rows: list[dict], max_queue_s: float) -> str:
@@ -408,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         report["overload"] = rows
         print(json.dumps(rows, indent=2))
         print(overload_table(rows, queue_bound(args.server_args)))
+        for warning in busy_rows(rows):
+            print(warning)
     if args.phase in ("faults", "all"):
         report["faults"] = faults(args.workdir)
     if args.phase in ("hang", "all"):

@@ -12,6 +12,7 @@ import pytest
 from benchmarks import request_shapes
 from benchmarks.frontend_cost import (
     COLUMNS,
+    busy_cells,
     comparison,
     main,
     measuring_order,
@@ -87,6 +88,19 @@ def test_rounds_swap_the_order_and_report_each_figures_median() -> None:
     assert combined["cores"] == {"engine": 0.3, "front-ends": 0.9}
     assert combined["rounds"] == 3
     assert median_figures(rounds[:1]) is rounds[0]
+
+
+def test_a_cell_measured_on_a_busy_machine_is_flagged() -> None:
+    runs = {
+        "base": {"cells": {"classify x1": {"other_cores": 0.02}, "ner x16": {"other_cores": 0.9}}},
+        "change": {"cells": {"classify x1": {"other_cores": None}, "ner x16": {}}},  # unknown: no warning
+    }
+    assert busy_cells(runs) == [
+        "WARNING: base ner x16: other programs used 0.90 cores of this machine while it was measured; rerun it on a "
+        "quiet machine"
+    ]
+    rounds = [{"other_cores": 0.1}, {"other_cores": 0.8}, {"other_cores": 0.05}]
+    assert median_figures(rounds)["other_cores"] == 0.1  # one busy round of three is outvoted, as every figure
 
 
 def test_long_documents_are_a_task_of_their_own_on_the_qa_route() -> None:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.process_cpu import ProcessTreeCpu, process_tree, role_of
+from benchmarks.process_cpu import OtherCpu, ProcessTreeCpu, process_tree, role_of
 
 BUSY = "import time\nend = time.time() + 3\nwhile time.time() < end: pass"
 
@@ -38,3 +38,28 @@ def test_a_process_that_is_gone_reads_as_nothing() -> None:
     with ProcessTreeCpu(2**22 + 7) as cpu:  # no such pid
         pass
     assert cpu.summary() is None
+
+
+def test_other_work_on_the_machine_is_counted_apart_from_the_server_and_the_benchmark() -> None:
+    """A busy program outside the server's tree reads as the machine's other work; the same program as the server
+    does not; the benchmark's own busy thread does not either."""
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        time.sleep(0.3)
+        with OtherCpu(server.pid) as other:
+            time.sleep(1.0)
+        with OtherCpu(busy.pid) as as_server:
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:  # this process's own work: the load's clients
+                pass
+    finally:
+        for process in (server, busy):
+            process.kill()
+            process.wait()
+    assert (other.cores() or 0) > 0.5, other.cores()
+    # what is left is the rest of the machine: here nothing busy (on a loaded CI machine the test runner's others)
+    assert as_server.cores() is not None and as_server.cores() < (other.cores() or 0), (
+        as_server.cores(),
+        other.cores(),
+    )

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from benchmarks.openloop import Answer, OpenLoopResult
-from benchmarks.reliability import _hang_outcome, parse_args
+from benchmarks.process_cpu import BUSY_MACHINE_CORES
+from benchmarks.reliability import _hang_outcome, busy_rows, parse_args
 
 
 def test_flags_after_a_double_dash_go_to_the_server() -> None:
@@ -39,3 +40,14 @@ def test_answers_are_counted_before_the_stop_while_stuck_and_after_the_first_200
     assert outcome["launcher_said_stuck_after_s"] == 0.82
     assert outcome["launcher_line"].startswith("engine (pid 7) is stuck: the event loop has not run for 1.0 s")
     assert outcome["longest_wait_s"] == 1.2
+
+
+def test_a_row_taken_on_a_busy_machine_is_flagged_under_the_table() -> None:
+    rows = [
+        {"shape": "classify-1", "factor": 3.0, "other_cores": 0.03},
+        {"shape": "ner-long", "factor": 3.0, "other_cores": BUSY_MACHINE_CORES + 0.3},
+        {"shape": "qa-long", "factor": 1.5, "other_cores": None},  # /proc could not tell
+        {"shape": "classify-16", "factor": 3.0},  # a report written before the reading existed
+    ]
+    warnings = busy_rows(rows)
+    assert len(warnings) == 1 and warnings[0].startswith("ner-long (3x): WARNING: other programs used 0.55 cores")
