@@ -6,8 +6,11 @@
 3. a FastAPI server wrapping transformers.pipeline (PyTorch fp32), what a user would write by hand;
 each with requests of 1 input and of 16 inputs. Client and servers share this machine's cores.
 
-    python -m benchmarks.serve_benchmark [--seconds 20] [--clients-1 16] [--clients-16 6]
+    python -m benchmarks.serve_benchmark [--seconds 20] [--clients-1 16] [--clients-16 6] [--lone-seconds 8]
                                          [--cpu-variant auto|fp32|int8|int8-dynamic]
+
+and a lone client (one connection, 1-input requests) beside the raw session's time for one sentence at batch 1,
+on all the cores' threads and on one (issue 37: within 2 ms).
 """
 
 from __future__ import annotations
@@ -33,11 +36,34 @@ from tests.harness.serving import start, start_service
 MODEL = "minilm-bert-sst2"
 
 
-def raw_session(entry: Path, sentences: list[str], threads: int) -> dict:
-    tokenizer = AutoTokenizer.from_pretrained(str(entry))
+def _session(entry: Path, threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(entry / "model.fp32.onnx"), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(entry / "model.fp32.onnx"), options, providers=["CPUExecutionProvider"])
+
+
+def raw_lone_ms(entry: Path, sentences: list[str], threads: int) -> float:
+    """The raw session's time for one sentence at batch 1 on `threads` intra-op threads (the median of each call),
+    what a lone request to the server is compared with."""
+    tokenizer = AutoTokenizer.from_pretrained(str(entry))
+    session = _session(entry, threads)
+    names = [i.name for i in session.get_inputs()]
+    feeds = []
+    for sentence in sentences:
+        encoded = tokenizer([sentence], return_tensors="np")
+        feeds.append({n: encoded[n].astype(np.int64) for n in names})
+    session.run(None, feeds[0])
+    times = []
+    for feed in feeds:
+        started = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - started)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
+def raw_session(entry: Path, sentences: list[str], threads: int) -> dict:
+    tokenizer = AutoTokenizer.from_pretrained(str(entry))
+    session = _session(entry, threads)
     names = [i.name for i in session.get_inputs()]
 
     def run(batches: list[list[str]]) -> float:
@@ -96,6 +122,12 @@ def main() -> None:
     )
     parser.add_argument("--server-args", default="", help="extra settings for python -m service")
     parser.add_argument("--skip-pipeline", action="store_true")
+    parser.add_argument(
+        "--lone-seconds",
+        type=float,
+        default=8.0,
+        help="a lone client's 1-input requests for this long, beside the raw session at batch 1 (0: skip)",
+    )
     args = parser.parse_args()
     if not shared_available():
         raise SystemExit("../shared is absent: the real checkpoints and data are needed")
@@ -118,8 +150,21 @@ def main() -> None:
     try:
         cases = load_cases(sentences, f"/v1/models/{MODEL}/classify", args)
         report["service"] = measure(server.url, cases, args.seconds, True)
+        if args.lone_seconds > 0:
+            path, singles, sizes, _ = cases["1 input"]
+            lone = run_load(server.url, path, singles, sizes, 1, args.lone_seconds)
+            report["lone"] = {"service": lone.summary()}
     finally:
         server.stop()
+    if "lone" in report:
+        # the raw session on the same sentences, on the server's threads (all the cores) and on one (what a batch
+        # gets where --cpu-streams runs two side by side on 2 cores)
+        lone_sentences = sentences[:300]
+        report["lone"]["raw_ms"] = {
+            f"{threads} threads": round(raw_lone_ms(repository / MODEL, lone_sentences, threads), 2)
+            for threads in sorted({os.cpu_count() or 1, 1}, reverse=True)
+        }
+        print(f"  lone: {json.dumps(report['lone'])}", flush=True)
 
     if not args.skip_pipeline:
         print("pipeline server: FastAPI + transformers.pipeline (PyTorch fp32)", flush=True)
@@ -143,6 +188,10 @@ def main() -> None:
     service16 = report["service"]["16 inputs"]["sequences_per_s"]
     print(f"service 16-input / raw sorted batch-16 ceiling: {service16 / ceiling:.1%}")
     print(f"service 16-input / raw data-order batch-16: {service16 / report['raw']['batch 16, data order']:.1%}")
+    if "lone" in report:
+        service_ms = report["lone"]["service"]["p50_ms"]
+        raw = ", ".join(f"{ms} ms on {label}" for label, ms in report["lone"]["raw_ms"].items())
+        print(f"lone request (1 connection, 1 input): service p50 {service_ms} ms; raw session at batch 1: {raw}")
     if "pipeline" in report:
         for label in ("1 input", "16 inputs"):
             ratio = report["service"][label]["sequences_per_s"] / report["pipeline"][label]["sequences_per_s"]
