@@ -74,7 +74,7 @@ from typing import Any
 
 from benchmarks import request_shapes, sleeping_session
 from benchmarks.loadclient import LoadResult, run_load
-from benchmarks.process_cpu import BUSY_MACHINE_CORES, OtherCpu
+from benchmarks.process_cpu import OtherCpu, busy_warning
 from benchmarks.realdata import SHARED, conll03, shared_available, squad, sst2
 from benchmarks.reports import write_report
 from benchmarks.scrape import delta, scrape
@@ -455,7 +455,7 @@ def measure_cell(server: ServiceProcess, work: Workload, args: argparse.Namespac
     with OtherCpu(server.process.pid) as cpu:
         load = run_load(server.url, work.path, bodies, sizes, args.connections, args.seconds)
     rows = delta(before, metrics(server.url), "bertserve_batch_size_sum")
-    return figures(load, cpu.server_seconds() or {}, rows, tokenizer_us, cpu.cores())
+    return figures(load, cpu.seconds() or {}, rows, tokenizer_us, cpu.cores())
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -568,15 +568,14 @@ def median_figures(rows: list[dict]) -> dict:
 
 
 def busy_cells(runs: dict[str, dict]) -> list[str]:
-    """A warning for each cell measured while the rest of the machine used more than BUSY_MACHINE_CORES (its median
-    over the rounds): the front-end's figures then hold that work's share of the cores and caches too."""
-    return [
-        f"WARNING: {label} {key}: other programs used {row['other_cores']:.2f} cores of this machine while it was "
-        f"measured; rerun it on a quiet machine"
+    """A warning for each cell measured while the rest of the machine was busy (`busy_warning`, on the median over
+    the rounds): the front-end's figures then hold that work's share of the cores and caches too."""
+    warnings = {
+        f"{label} {key}": busy_warning(row.get("other_cores"))
         for label, run in runs.items()
         for key, row in run["cells"].items()
-        if (row.get("other_cores") or 0) > BUSY_MACHINE_CORES
-    ]
+    }
+    return [f"{cell}: {warning}" for cell, warning in warnings.items() if warning]
 
 
 # --- the tables ------------------------------------------------------------------------------------------------

@@ -128,40 +128,42 @@ def _own_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-class OtherCpu:
-    """`with OtherCpu(server_pid) as other: ...` then `other.cores()`: the cores the rest of the machine used over
-    the window, beyond the server's process tree and this process (the benchmark's own clients). A figure taken
-    while it is well above zero measured the machine's other work too."""
+class OtherCpu(ProcessTreeCpu):
+    """`with OtherCpu(server_pid) as cpu: ...`: the server's CPU by role over the window (`ProcessTreeCpu`), and
+    `cpu.cores()`, the cores the rest of the machine used meanwhile, beyond the server's process tree and this
+    process (the benchmark's own clients). A figure taken while that is well above zero measured the machine's
+    other work too (`busy_warning`)."""
 
     def __init__(self, root: int) -> None:
-        self.root = root
-        self._tree = ProcessTreeCpu(root)
-        self._busy = 0.0
+        super().__init__(root)
+        self._machine: float | None = None  # the machine's busy seconds: at the start, then over the window
         self._own = 0.0
-        self._seconds = 0.0
-        self._known = False
 
     def __enter__(self) -> OtherCpu:
-        busy = _machine_busy_seconds()
-        self._known = busy is not None
-        self._busy, self._own, self._started = busy or 0.0, _own_seconds(), time.monotonic()
-        self._tree.__enter__()
+        self._machine, self._own = _machine_busy_seconds(), _own_seconds()
+        super().__enter__()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._tree.__exit__()
-        busy = _machine_busy_seconds()
-        self._seconds = time.monotonic() - self._started
-        self._known = self._known and busy is not None
-        self._busy, self._own = (busy or 0.0) - self._busy, _own_seconds() - self._own
-
-    def server_seconds(self) -> dict[str, float] | None:
-        """The server's own CPU seconds by role over the window (`ProcessTreeCpu.seconds`)."""
-        return self._tree.seconds()
+        super().__exit__()
+        machine = _machine_busy_seconds()
+        self._machine = None if machine is None or self._machine is None else machine - self._machine
+        self._own = _own_seconds() - self._own
 
     def cores(self) -> float | None:
         """Cores used by everything else over the window (None where /proc cannot tell)."""
-        used = self._tree.seconds()
-        if not self._known or used is None or self._seconds <= 0:
+        used = self.seconds()
+        if self._machine is None or used is None:
             return None
-        return max(0.0, self._busy - sum(used.values()) - self._own) / self._seconds
+        return max(0.0, self._machine - sum(used.values()) - self._own) / self._seconds
+
+
+def busy_warning(other_cores: float | None) -> str | None:
+    """What a report prints under a figure taken while the rest of the machine used over BUSY_MACHINE_CORES; None
+    for a quiet one, or where /proc could not tell (or a report older than the reading)."""
+    if other_cores is None or other_cores <= BUSY_MACHINE_CORES:
+        return None
+    return (
+        f"WARNING: other programs used {other_cores:.2f} cores of this machine while it was measured (beyond the "
+        f"server and this benchmark): the figures hold that work too; rerun on a quiet machine"
+    )

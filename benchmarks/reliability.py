@@ -46,7 +46,7 @@ import httpx
 from benchmarks import realdata
 from benchmarks.loadclient import run_load
 from benchmarks.openloop import OpenLoopResult, open_loop, post_request
-from benchmarks.process_cpu import BUSY_MACHINE_CORES, OtherCpu, process_tree, role_of
+from benchmarks.process_cpu import OtherCpu, busy_warning, process_tree, role_of
 from benchmarks.reports import write_report
 from benchmarks.request_shapes import SHAPES
 from service.settings import Settings
@@ -157,8 +157,6 @@ def overload(workdir: Path, factor: float, seconds: float, server_args: list[str
             "other_cores": None if other_cores is None else round(other_cores, 2),
             **result.summary(),
         }
-        if other_cores is not None and other_cores > BUSY_MACHINE_CORES:
-            print(f"{shape.name}: {busy_machine(other_cores)}", flush=True)
         time.sleep(5)
         summary["after_5_s"] = normal_after(server, path, bodies)
         summary["server_alive"] = server.process.poll() is None
@@ -167,20 +165,11 @@ def overload(workdir: Path, factor: float, seconds: float, server_args: list[str
     return summary
 
 
-def busy_machine(other_cores: float) -> str:
-    return (
-        f"WARNING: other programs used {other_cores:.2f} cores of this machine during the open loop (beyond the "
-        f"server and this benchmark): these figures measured that work too; rerun on a quiet machine"
-    )
-
-
 def busy_rows(rows: list[dict]) -> list[str]:
-    """The warnings under the table: a row taken while the machine did other work is not the server's figure."""
-    return [
-        f"{row['shape']} ({row['factor']:g}x): {busy_machine(row['other_cores'])}"
-        for row in rows
-        if (row.get("other_cores") or 0) > BUSY_MACHINE_CORES
-    ]
+    """The warnings under the table: a row whose open loop ran while the machine did other work is not the server's
+    figure (`busy_warning`)."""
+    warnings = {f"{row['shape']} ({row['factor']:g}x)": busy_warning(row.get("other_cores")) for row in rows}
+    return [f"{row}: {warning}" for row, warning in warnings.items() if warning]
 
 
 def overload_table(rows: list[dict], max_queue_s: float) -> str:
