@@ -20,6 +20,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -42,38 +43,35 @@ def _session(entry: Path, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(str(entry / "model.fp32.onnx"), options, providers=["CPUExecutionProvider"])
 
 
-def raw_lone_ms(entry: Path, sentences: list[str], threads: int) -> float:
-    """The raw session's time for one sentence at batch 1 on `threads` intra-op threads (the median of each call),
-    what a lone request to the server is compared with."""
-    tokenizer = AutoTokenizer.from_pretrained(str(entry))
-    session = _session(entry, threads)
+def _timed_calls(session: ort.InferenceSession, tokenizer: Any, batches: list[list[str]]) -> list[float]:
+    """Seconds of each `session.run` over `batches` (tokenized first, padded to each batch's longest), after one
+    warm-up call."""
     names = [i.name for i in session.get_inputs()]
-    feeds = []
-    for sentence in sentences:
-        encoded = tokenizer([sentence], return_tensors="np")
-        feeds.append({n: encoded[n].astype(np.int64) for n in names})
+    encoded = [tokenizer(b, padding=True, truncation=True, return_tensors="np") for b in batches]
+    feeds = [{n: e[n].astype(np.int64) for n in names} for e in encoded]
     session.run(None, feeds[0])
     times = []
     for feed in feeds:
         started = time.perf_counter()
         session.run(None, feed)
         times.append(time.perf_counter() - started)
-    return 1000 * sorted(times)[len(times) // 2]
+    return times
+
+
+def raw_lone_ms(entry: Path, sentences: list[str], threads: int) -> float:
+    """The raw session's time for one sentence at batch 1 on `threads` intra-op threads (the median of each call),
+    what a lone request to the server is compared with."""
+    tokenizer = AutoTokenizer.from_pretrained(str(entry))
+    times = sorted(_timed_calls(_session(entry, threads), tokenizer, [[s] for s in sentences]))
+    return 1000 * times[len(times) // 2]
 
 
 def raw_session(entry: Path, sentences: list[str], threads: int) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(entry))
     session = _session(entry, threads)
-    names = [i.name for i in session.get_inputs()]
 
     def run(batches: list[list[str]]) -> float:
-        encoded = [tokenizer(b, padding=True, truncation=True, return_tensors="np") for b in batches]
-        feeds = [{n: e[n].astype(np.int64) for n in names} for e in encoded]
-        session.run(None, feeds[0])
-        started = time.perf_counter()
-        for feed in feeds:
-            session.run(None, feed)
-        return sum(len(b) for b in batches) / (time.perf_counter() - started)
+        return sum(len(b) for b in batches) / sum(_timed_calls(session, tokenizer, batches))
 
     by_length = sorted(sentences, key=lambda s: len(tokenizer(s)["input_ids"]))
     return {
