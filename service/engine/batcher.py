@@ -46,6 +46,7 @@ from service.wire.ticket import Ticket
 
 log = logging.getLogger("service.engine.batcher")
 _LENGTH = operator.attrgetter("length")
+_ENQUEUED = operator.attrgetter("enqueued")
 # With one stream, the next batch is aimed to reach the device thread this long before the running one ends: late,
 # the device idles; early, the rows that arrive meanwhile wait for the batch after.
 EARLY_TAKE_SLACK_S = 0.0003
@@ -378,7 +379,7 @@ class Batcher:
             self._batch_s = run.seconds
         self._batch_s += 0.2 * (run.seconds - self._batch_s)
         previous, self._last_ended = self._last_ended, run.ended
-        if self.streams != 1 or previous is None or min(item.enqueued for item in batch) >= previous:
+        if self.streams != 1 or previous is None or min(map(_ENQUEUED, batch)) >= previous:
             return  # no rows waited while the device was free: nothing to learn
         error = EARLY_TAKE_SLACK_S + (run.started - previous if run.queued > previous else run.queued - previous)
         self._lead_s = min(max(0.0, self._lead_s + 0.25 * error), self._batch_s)
@@ -576,8 +577,8 @@ class Batcher:
         finally:
             self._wakeup.set()  # the device (or its queue) is free: the loop may be waiting for that
         seconds = run.seconds
-        width = max(item.length for item in batch)
-        real = sum(item.length for item in batch)
+        lengths = list(map(_LENGTH, batch))
+        width, real = max(lengths), sum(lengths)
         self._learn_cost(seconds, real)
         for ticket in {id(item.request.ticket): item.request.ticket for item in batch}.values():
             ticket.inference_seconds += seconds

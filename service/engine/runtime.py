@@ -396,13 +396,24 @@ class ModelRuntime:
         finally:
             rows, width = batch.shape
             self.memory.end(large=rows * width >= self.settings.release_memory_min_tokens)
-        results = []
-        width = batch.shape[1]
-        for i, n in enumerate(batch.lengths):
-            own = slice(width - n, width) if self.left_padded else slice(0, n)
-            per_row = zip(self.output_names, outputs, strict=True)
-            results.append({name: (out[i, own] if self.per_token else out[i]) for name, out in per_row})
-        return results
+        return self._per_row(outputs, batch.lengths, batch.shape[1])
+
+    def _per_row(self, outputs: list[np.ndarray], lengths: list[int], width: int) -> list[dict[str, np.ndarray]]:
+        """Each real row's views of the outputs (filler rows of a bucket left out). Iterating an array yields its
+        rows' views in C: this runs on the device thread, under the interpreter lock, before the next batch can
+        start, and an index and a dict per row and output cost ~5x as much at 256 rows."""
+        count = len(lengths)
+        per_output: list[Any] = [out[:count] for out in outputs]
+        if self.per_token:
+            if self.left_padded:
+                per_output = [[row[width - n :] for row, n in zip(out, lengths, strict=True)] for out in per_output]
+            else:
+                per_output = [[row[:n] for row, n in zip(out, lengths, strict=True)] for out in per_output]
+        names = self.output_names
+        if len(names) == 1:
+            only = names[0]
+            return [{only: row} for row in per_output[0]]
+        return [dict(zip(names, row, strict=True)) for row in zip(*per_output, strict=True)]
 
     def run(self, rows: list[Row]) -> list[dict[str, np.ndarray]]:
         return self.execute(self.prepare(rows))

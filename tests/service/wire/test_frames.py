@@ -115,6 +115,16 @@ def test_pack_outputs_gives_one_array_per_output_for_one_row_or_many() -> None:
     assert frames.pack_outputs(one, per_token=False)["logits"].shape == (1, 2)
     many = [*one, {"logits": np.array([3.0, 4.0], np.float32)}]
     assert frames.pack_outputs(many, per_token=False)["logits"].tolist() == [[1, 2], [3, 4]]
+    # rows as the engine hands them over (views of one batch's outputs, float16 on a GPU): np.stack's result, a copy
+    batch = np.arange(12, dtype=np.float16).reshape(4, 3)
+    rows = [{"logits": batch[i], "extra": batch[i, :2]} for i in (2, 0, 3)]
+    packed = frames.pack_outputs(rows, per_token=False)
+    for name in ("logits", "extra"):
+        want = np.stack([row[name] for row in rows])
+        assert packed[name].dtype == want.dtype and packed[name].shape == want.shape
+        assert packed[name].tobytes() == want.tobytes() and not np.shares_memory(packed[name], batch)
+    with pytest.raises(ValueError):  # rows of different shapes are an error, as np.stack made them
+        frames.pack_outputs([{"x": np.zeros(2)}, {"x": np.zeros(3)}], per_token=False)
     tokens = [{"start": np.arange(3.0)}, {"start": np.arange(2.0)}]
     assert frames.pack_outputs(tokens[:1], per_token=True)["start"].tolist() == [0, 1, 2]
     packed = frames.pack_outputs(tokens, per_token=True)
