@@ -43,12 +43,27 @@ def _session(entry: Path, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(str(entry / "model.fp32.onnx"), options, providers=["CPUExecutionProvider"])
 
 
+def encode_feeds(session: ort.InferenceSession, tokenizer: Any, batches: list[list[str]]) -> list[dict[str, Any]]:
+    """The session's inputs for each batch of sentences, padded to the batch's longest."""
+    names = [i.name for i in session.get_inputs()]
+    encoded = [tokenizer(b, padding=True, truncation=True, return_tensors="np") for b in batches]
+    return [{n: e[n].astype(np.int64) for n in names} for e in encoded]
+
+
+def exported_entry(workdir: Path) -> Path:
+    """The real MiniLM SST-2 checkpoint as an entry (fp32, int8, int8-dynamic) in workdir/models, exported once."""
+    if not shared_available():
+        raise SystemExit("../shared is absent: the real checkpoints and data are needed")
+    repository = workdir / "models"
+    if not (repository / MODEL / "model.int8-dynamic.onnx").is_file():
+        export_checkpoint(str(SHARED / "models" / MODEL), MODEL, repository, variants="fp32,int8,int8-dynamic")
+    return repository / MODEL
+
+
 def _timed_calls(session: ort.InferenceSession, tokenizer: Any, batches: list[list[str]]) -> list[float]:
     """Seconds of each `session.run` over `batches` (tokenized first, padded to each batch's longest), after one
     warm-up call."""
-    names = [i.name for i in session.get_inputs()]
-    encoded = [tokenizer(b, padding=True, truncation=True, return_tensors="np") for b in batches]
-    feeds = [{n: e[n].astype(np.int64) for n in names} for e in encoded]
+    feeds = encode_feeds(session, tokenizer, batches)
     session.run(None, feeds[0])
     times = []
     for feed in feeds:
@@ -127,13 +142,9 @@ def main() -> None:
         help="a lone client's 1-input requests for this long, beside the raw session at batch 1 (0: skip)",
     )
     args = parser.parse_args()
-    if not shared_available():
-        raise SystemExit("../shared is absent: the real checkpoints and data are needed")
     quiet_libraries()
     checkpoint = SHARED / "models" / MODEL
-    repository = args.workdir / "models"
-    if not (repository / MODEL / "model.int8-dynamic.onnx").is_file():
-        export_checkpoint(str(checkpoint), MODEL, repository, variants="fp32,int8,int8-dynamic")
+    repository = exported_entry(args.workdir).parent
     sentences = [s for s, _ in sst2()]
     report: dict = {"cores": os.cpu_count(), "sentences": len(sentences)}
 
