@@ -9,7 +9,9 @@
 #   bash tests/gpu/device_pack.sh    # in the project root or a worktree; writes .gpu/q/q0..qN, prints the runs
 #
 # Environment: BERTSERVE_SHARED (default ../shared); GPU_PREP, a gpu_prep.sh output folder to reuse (default
-# .gpu/prep, written on the first run; remove it for a fresh download); LIMIT and HEADROOM in bytes (64 MiB, 2 MiB).
+# .gpu/prep, written on the first run; remove it for a fresh download); LIMIT and HEADROOM in bytes (64 MiB, 2 MiB);
+# BASE_REV, a commit whose checkout (git archive, ~6 MB) goes in the tar, for device_run.sh to measure first in
+# every benchmark (--base-source), as issue 37's tables are: BASE_REV=c2fa199 bash tests/gpu/device_pack.sh
 set -euo pipefail
 top=$(git rev-parse --show-toplevel)
 cd "$top"
@@ -66,6 +68,10 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   -d "$stage/wheels" $extra
 cp -r "$shared/data" "$stage/shared/"
 for m in minilm-bert-sst2 minilm-bert-conll03 minilm-bert-squad; do cp -r "$shared/models/$m" "$stage/shared/models/"; done
+if [ -n "${BASE_REV:-}" ]; then
+  git archive "$BASE_REV" | gzip -9 > "$stage/base.tgz"
+  echo "$BASE_REV ($(git rev-parse --short "$BASE_REV")) goes in the tar as base.tgz"
+fi
 tar cf - -C "$stage" . | split -b "$piece" -d -a 2 - .gpu/q/part.
 rm -rf "$stage"
 n=0
@@ -87,5 +93,9 @@ echo "a fresh machine needs them all again:"
 for i in $(seq 0 $((n - 2))); do
   echo "  $((i + 1)). carry [\".gpu/q/q$i\"]  mkdir -p /tmp/q && cp .gpu/q/q$i/part.* /tmp/q/"
 done
-echo "  $n. carry [\"$last\"], timeout_s 600  SUITE_S=330 TOTAL_S=570 bash $last/device_run.sh"
+if [ -n "${BASE_REV:-}" ]; then  # the suite, then NER/QA and SST-2, each against the base (device_run.sh's header)
+  echo "  $n. carry [\"$last\"], timeout_s 600  SUITE_S=150 TOTAL_S=580 SST2_S=140 bash $last/device_run.sh"
+else
+  echo "  $n. carry [\"$last\"], timeout_s 600  SUITE_S=330 TOTAL_S=570 bash $last/device_run.sh"
+fi
 echo "It writes \$OUT/gpu_suite.log, \$OUT/gpu_bench.log and \$OUT/gpu_benchmark.json."
