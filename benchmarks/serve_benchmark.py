@@ -60,17 +60,22 @@ def exported_entry(workdir: Path) -> Path:
     return repository / MODEL
 
 
-def _timed_calls(session: ort.InferenceSession, tokenizer: Any, batches: list[list[str]]) -> list[float]:
-    """Seconds of each `session.run` over `batches` (tokenized first, padded to each batch's longest), after one
-    warm-up call."""
-    feeds = encode_feeds(session, tokenizer, batches)
-    session.run(None, feeds[0])
+def call_seconds(session: ort.InferenceSession, feeds: list[dict[str, Any]]) -> list[float]:
+    """Seconds of each `session.run`, one feed after another."""
     times = []
     for feed in feeds:
         started = time.perf_counter()
         session.run(None, feed)
         times.append(time.perf_counter() - started)
     return times
+
+
+def _timed_calls(session: ort.InferenceSession, tokenizer: Any, batches: list[list[str]]) -> list[float]:
+    """Seconds of each `session.run` over `batches` (tokenized first, padded to each batch's longest), after one
+    warm-up call."""
+    feeds = encode_feeds(session, tokenizer, batches)
+    session.run(None, feeds[0])
+    return call_seconds(session, feeds)
 
 
 def raw_lone_ms(entry: Path, sentences: list[str], threads: int) -> float:

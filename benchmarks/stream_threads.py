@@ -28,28 +28,20 @@ from transformers import AutoTokenizer
 
 from benchmarks.realdata import sst2
 from benchmarks.reports import write_report
-from benchmarks.serve_benchmark import encode_feeds, exported_entry
+from benchmarks.serve_benchmark import call_seconds, encode_feeds, exported_entry
 from export.quiet import quiet_libraries
+from service.engine.runtime import run_options
 
 
 def open_session(model: Path, threads: int, spinning: bool) -> ort.InferenceSession:
-    """A session with the server's CPU options (service.engine.runtime) and `threads` intra-op threads."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    """A CPU session with the server's options (`service.engine.runtime.run_options`) and `threads` intra-op
+    threads."""
+    return ort.InferenceSession(str(model), run_options(threads, spinning), providers=["CPUExecutionProvider"])
 
 
 def lone_ms(session: ort.InferenceSession, feeds: list[dict[str, Any]]) -> float:
     """The median time of one call per feed, one after another (a lone request's batch)."""
-    times = []
-    for feed in feeds:
-        started = time.perf_counter()
-        session.run(None, feed)
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
+    return 1000 * statistics.median(call_seconds(session, feeds))
 
 
 def callers_rate(session: ort.InferenceSession, feeds: list[dict[str, Any]], callers: int, seconds: float) -> float:

@@ -62,6 +62,22 @@ def available_providers() -> list[str]:
     return list(ort.get_available_providers())
 
 
+def run_options(intra_op_threads: int, spin_threads: bool) -> ort.SessionOptions:
+    """The options every served session runs with (`benchmarks.stream_threads` measures the same): `intra_op_threads`
+    threads, one batch's operators in sequence.
+
+    On CUDA too: one non-spinning intra-op thread was measured 8% slower per batch on an H100 (16 cores) and no faster
+    end to end than one per core, so the CPU and CUDA sessions take the same thread settings. On the CPU the threads
+    are shared out between the streams, which call one session at once. Spinning intra-op threads: measured on 2
+    cores, +7% for 16-input requests, -8% for 1-input ones."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin_threads else "0")
+    return options
+
+
 def open_session(path: Path, options: ort.SessionOptions, providers: list[Any]) -> ort.InferenceSession:
     """The one place a session is opened (tests inject the CUDA provider's failures here)."""
     return ort.InferenceSession(str(path), options, providers=providers)
@@ -320,18 +336,10 @@ class ModelRuntime:
 
     def _open(self, variant: str, *, use_cuda_graphs: bool) -> ort.InferenceSession:
         settings = self.settings
-        options = ort.SessionOptions()
-        # On CUDA too: one non-spinning intra-op thread was measured 8% slower per batch on an H100 (16 cores) and
-        # no faster end to end than one per core, so the CPU and CUDA sessions take the same thread settings. On the
-        # CPU the threads are shared out between the streams, which call this one session at once.
-        options.intra_op_num_threads = self.intra_op_threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options = run_options(self.intra_op_threads, settings.spin_threads)
         # Warnings on CUDA: onnxruntime says there when it places nodes on the CPU or cannot start the provider.
         options.log_severity_level = 2 if self.provider == CUDA else 3
         options.add_session_config_entry(RECORD_ASSIGNMENT, "1")
-        # Spinning intra-op threads: measured on 2 cores, +7% for 16-input requests, -8% for 1-input ones.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin_threads else "0")
         path = self.entry / self.config.variant_file(variant)
         if self.placement.provider == CUDA:
             cuda_options = {"device_id": str(settings.cuda_device_id)}
