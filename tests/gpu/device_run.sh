@@ -38,26 +38,25 @@ python3 -c 'import onnxruntime as o, google.protobuf as p, grpc, transformers, t
 BERTSERVE_REQUIRE_GPU=1 timeout "${SUITE_S:-330}" python3 -m pytest -m gpu tests/gpu -v -rs -s -p no:cacheprovider --durations=10 2>&1 |
   tee "$OUT/gpu_suite.log" | grep -v -e 'Loading weights' -e 'it/s]'
 echo "suite rc ${PIPESTATUS[0]} at $(( $(date +%s) - start )) s"
+bench() {  # $1: seconds it may take, $2 and $3: its log's and report's names in $OUT, the rest: its own flags
+  local seconds=$1 log=$2 report=$3
+  shift 3
+  timeout "$seconds" python3 -m benchmarks.gpu_benchmark --device cuda --parts raw,serve --seconds 6 --warmup-seconds 2 \
+    --raw-seconds 3 --budget-s $(( seconds - 10 )) --workdir /tmp/bench --report "$OUT/$report.json" "${base[@]}" "$@" \
+    --server-args '--engine-mode process --frontends 12 --max-batch-size 256 --max-batch-tokens 16384' 2>&1 |
+    tee "$OUT/$log.log" | grep -v -e 'Loading weights' -e 'it/s]'
+  echo "$log rc ${PIPESTATUS[0]} at $(( $(date +%s) - start )) s"
+}
 left=$(( ${TOTAL_S:-570} - ${SST2_S:-0} - ($(date +%s) - start) ))
 if [ "$left" -gt 100 ]; then
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-  timeout "$left" python3 -m benchmarks.gpu_benchmark --device cuda --models "${BENCH_MODELS:-minilm-ner,minilm-qa}" \
-    --parts raw,serve --seconds 6 --warmup-seconds 2 --raw-seconds 3 --budget-s $(( left - 10 )) --workdir /tmp/bench \
-    --report "$OUT/gpu_benchmark.json" "${base[@]}" ${BENCH_ARGS:-} \
-    --server-args '--engine-mode process --frontends 12 --max-batch-size 256 --max-batch-tokens 16384' 2>&1 |
-    tee "$OUT/gpu_bench.log" | grep -v -e 'Loading weights' -e 'it/s]'
-  echo "bench rc ${PIPESTATUS[0]} at $(( $(date +%s) - start )) s"
+  bench "$left" gpu_bench gpu_benchmark --models "${BENCH_MODELS:-minilm-ner,minilm-qa}" ${BENCH_ARGS:-}
 else
   echo "no benchmark: $left s left (TOTAL_S ${TOTAL_S:-570})"
 fi
 left=$(( ${TOTAL_S:-570} - ($(date +%s) - start) ))
 if [ "${SST2_S:-0}" -gt 0 ] && [ "$left" -gt 90 ]; then
-  timeout "$left" python3 -m benchmarks.gpu_benchmark --device cuda --models minilm --clients-16 192 \
-    --parts raw,serve --seconds 6 --warmup-seconds 2 --raw-seconds 3 --budget-s $(( left - 8 )) --workdir /tmp/bench \
-    --report "$OUT/gpu_sst2.json" "${base[@]}" \
-    --server-args '--engine-mode process --frontends 12 --max-batch-size 256 --max-batch-tokens 16384' 2>&1 |
-    tee "$OUT/gpu_sst2.log" | grep -v -e 'Loading weights' -e 'it/s]'
-  echo "SST-2 rc ${PIPESTATUS[0]} at $(( $(date +%s) - start )) s"
+  bench "$left" gpu_sst2 gpu_sst2 --models minilm --clients-16 192
 elif [ "${SST2_S:-0}" -gt 0 ]; then
   echo "no SST-2 row: $left s left"
 fi
