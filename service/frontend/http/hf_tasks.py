@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
 from service.frontend.http import schemas
+from service.frontend.http.json_answer import JsonAnswer
 from service.frontend.http.routes import AdapterRoute, admitted, json_body, parse_body, server_state, timing_headers
 from service.frontend.pipeline import RequestPipeline, Timings
 from service.wire.ticket import Ticket
@@ -137,7 +137,7 @@ async def serve(request: Request) -> Response:
     body = parse_body(task.request, data)
     async with admitted(request) as ticket:
         result, timings = await task.run(server.pipeline, name, body, ticket)
-    return JSONResponse(result, headers=timing_headers(timings, ticket))
+    return JsonAnswer(result, headers=timing_headers(timings, ticket))
 
 
 ROUTES = (

@@ -15,11 +15,11 @@ import base64
 from typing import Any
 
 import numpy as np
-from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
 from service.frontend.http import schemas
+from service.frontend.http.json_answer import JsonAnswer
 from service.frontend.http.middleware import OPENAI_EMBEDDINGS_PATH, SCOPE_MODEL
 from service.frontend.http.routes import (
     ERRORS,
@@ -64,7 +64,7 @@ async def serve(request: Request) -> Response:
             body.model, texts, ticket, normalize=True, dimensions=body.dimensions, field="input"
         )
     content = envelope(body.model, vectors, body.encoding_format, timings.tokens)
-    return JSONResponse(content, headers=timing_headers(timings, ticket))
+    return JsonAnswer(content, headers=timing_headers(timings, ticket))
 
 
 # Its errors are OpenAI's body, at the statuses the rest of the server answers

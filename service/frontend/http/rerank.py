@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
 from service.errors import InvalidInput
 from service.frontend.http import schemas
+from service.frontend.http.json_answer import JsonAnswer
 from service.frontend.http.middleware import SCOPE_MODEL
 from service.frontend.http.routes import AdapterRoute, admitted, json_body, parse_body, server_state, timing_headers
 from service.frontend.http.state import ServerState
@@ -64,7 +64,7 @@ async def serve_v1(request: Request) -> Response:
         for result in results:
             document = body.documents[result["index"]]
             result["document"] = {"text": document} if isinstance(document, str) else document.model_dump()
-    return JSONResponse(envelope(name, results, "1", timings, ticket), headers=timing_headers(timings, ticket))
+    return JsonAnswer(envelope(name, results, "1", timings, ticket), headers=timing_headers(timings, ticket))
 
 
 async def serve_v2(request: Request) -> Response:
@@ -76,7 +76,7 @@ async def serve_v2(request: Request) -> Response:
             body.model, body.query, body.documents, ticket, max_tokens_per_doc=body.max_tokens_per_doc
         )
     results = ranked(scores, body.top_n)
-    return JSONResponse(envelope(body.model, results, "2", timings, ticket), headers=timing_headers(timings, ticket))
+    return JsonAnswer(envelope(body.model, results, "2", timings, ticket), headers=timing_headers(timings, ticket))
 
 
 ROUTES = (

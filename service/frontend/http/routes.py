@@ -28,6 +28,7 @@ from service.frontend.http import schemas
 from service.frontend.http.admission import SCOPE_ADMISSION
 from service.frontend.http.errors import EMPTY_BODY, INVALID_JSON
 from service.frontend.http.httptools_protocol import SCOPE_ON_DISCONNECT
+from service.frontend.http.json_answer import JsonAnswer
 from service.frontend.http.state import ServerState
 from service.frontend.pipeline import RequestPipeline, Timings
 from service.logs import REQUEST_ID
@@ -316,8 +317,8 @@ async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
         ticket.cancel()
 
 
-def answer(name: str, results: list, timings: Timings, ticket: Ticket) -> JSONResponse:
-    return JSONResponse({"model": name, "results": results}, headers=timing_headers(timings, ticket))
+def answer(name: str, results: list, timings: Timings, ticket: Ticket) -> JsonAnswer:
+    return JsonAnswer({"model": name, "results": results}, headers=timing_headers(timings, ticket))
 
 
 def timing_headers(timings: Timings, ticket: Ticket) -> dict[str, str]:
