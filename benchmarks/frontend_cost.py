@@ -83,7 +83,9 @@ from tests.harness.serving import ROOT, ServiceProcess, start_service
 
 DEFAULT_TASKS = ("classify", "ner", "qa", "rerank")
 LONG_TASKS = {"classify-long": "classify", "ner-long": "ner", "qa-long": "qa"}  # only where named: long inputs
-TASKS = (*DEFAULT_TASKS, *LONG_TASKS)
+# Only where named: sentence embeddings on the native route (floats in JSON), SST-2 sentences; c2fa199 had none
+EMBED = "embed"
+TASKS = (*DEFAULT_TASKS, *LONG_TASKS, EMBED)
 
 
 def base_task(task: str) -> str:
@@ -91,7 +93,7 @@ def base_task(task: str) -> str:
     return LONG_TASKS.get(task, task)
 
 
-_MODEL_TASK = {"classify": "classification", "ner": "ner", "qa": "qa", "rerank": "classification"}
+_MODEL_TASK = {"classify": "classification", "ner": "ner", "qa": "qa", "rerank": "classification", EMBED: "embedding"}
 MODEL_TASK = {task: _MODEL_TASK[base_task(task)] for task in TASKS}
 ROUTE = {task: base_task(task) for task in TASKS if task != "rerank"}  # /v1/models/NAME/ROUTE
 CLASSIFY_LONG_SENTENCES = 4  # SST-2 sentences a classify-long text joins
@@ -100,6 +102,7 @@ _SHARED_ENTRIES = {
     "ner": "minilm-bert-conll03",
     "qa": "minilm-bert-squad",
     "rerank": "minilm-cross-encoder",
+    EMBED: "minilm-embed",
 }
 SHARED_ENTRIES = {task: _SHARED_ENTRIES[base_task(task)] for task in TASKS}
 QUERIES = (  # rerank: the query of each request in turn, the documents SST-2 sentences
@@ -297,7 +300,7 @@ def find_entries(repository: Path, tasks: list[str], named: dict[str, str]) -> d
 def task_texts(task: str, limit: int) -> tuple[list[Any], str]:
     """The inputs of a task (texts, or (question, context) pairs) and where they come from."""
     if shared_available():
-        if task in ("classify", "rerank"):
+        if task in ("classify", "rerank", EMBED):
             return [sentence for sentence, _ in sst2(limit)], "SST-2 dev"
         if task == "classify-long":
             sentences = [sentence for sentence, _ in sst2()]
@@ -357,7 +360,7 @@ def tokenizer_alone(entry: Path, task: str, items: list[list[Any]], min_seconds:
     tokenizer.no_padding()
     tokenizer.no_truncation()
     encode: Callable[[list[Any]], object]
-    if base_task(task) in ("classify", "rerank"):
+    if base_task(task) in ("classify", "rerank", EMBED):
         encode = tokenizer.encode_batch
     elif base_task(task) == "ner":
         text_tokenizer = TextTokenizer.load(path, config.tokenizer.pad_token_id, config.tokenizer.padding_side)

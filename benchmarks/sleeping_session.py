@@ -1,9 +1,11 @@
 """Model sessions that sleep as long as a GPU would compute and answer zeros, so that what an engine process does
 outside the model shows in its CPU time (benchmarks.engine_benchmark, benchmarks.frontend_cost).
 
-Zeros, except a score per token (QA's start and end logits: outputs of shape rows x width): those are noise, the
-same each run, so that a front-end picks answer spans among distinct scores as it does on a real model's logits.
-On zeros every span ties, and the span search took another path than real answers take (`bertcore.tasks.qa`).
+Zeros, except a score per token (QA's start and end logits: outputs of shape rows x width) and a sentence embedding
+per row: those are noise, the same each run, so that a front-end picks answer spans among distinct scores as it
+does on a real model's logits, and writes an embedding's values as long as a real one's. On zeros every span ties,
+and the span search took another path than real answers take (`bertcore.tasks.qa`); a zero vector's values are
+written as `0.0`, in a tenth of the time.
 NER's logits (a vector per token) stay zeros: every token gets label 0, so NER's grouping of entities is cheaper
 here than on real text.
 
@@ -23,6 +25,7 @@ from typing import Any
 MODULE_NAME = "bertserve_sleeping_session"
 NOISE_SEED = 37
 NOISE_VALUES = 1 << 20  # 4 MiB of float32: 64 full batches of 32 x 512 tokens
+EMBEDDING_OUTPUT = "sentence_embedding"  # bertcore.tasks.embedding.OUTPUT (nothing of the project imported here)
 
 
 class SleepingSession:
@@ -54,17 +57,20 @@ class SleepingSession:
         answers = []
         for name in names:
             shape = output_shape(self.outputs[name], rows, width)
-            answers.append(self.token_scores(rows, width) if shape == (rows, width) else np.zeros(shape, np.float32))
+            noisy = shape == (rows, width) or name == EMBEDDING_OUTPUT
+            answers.append(self.noise_of(shape) if noisy else np.zeros(shape, np.float32))
         return answers
 
-    def token_scores(self, rows: int, width: int) -> Any:
-        """The next rows x width values of the noise (from its start again where it runs out)."""
-        count = rows * width
+    def noise_of(self, shape: tuple[int, ...]) -> Any:
+        """The next values of the noise in `shape` (from its start again where it runs out)."""
+        count = 1
+        for size in shape:
+            count *= size
         if self.next_noise + count > len(self.noise):
             self.next_noise = 0
         start = self.next_noise
         self.next_noise += count
-        return self.noise[start : start + count].reshape(rows, width).copy()
+        return self.noise[start : start + count].reshape(shape).copy()
 
 
 def sleep_on_load(engine_core: Any, fixed_s: float, per_token_s: float, announce: bool = False) -> None:

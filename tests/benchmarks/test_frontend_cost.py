@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks import request_shapes
@@ -23,6 +24,7 @@ from benchmarks.frontend_cost import (
 )
 from benchmarks.realdata import shared_available
 from export.pipeline import export_checkpoint
+from tests.export.embedding_models import write_base_model
 from tests.tiny_models import CROSS_ENCODER
 
 FIGURES = (
@@ -70,6 +72,52 @@ def test_a_classify_and_a_rerank_cell_report_every_figure_and_no_error(
     # the side-by-side table: a run against itself is 1.00 in every figure
     lines = comparison(report["runs"]["change"], report["runs"]["change"])
     assert len(lines) == 4 and all(line.count("(1.00)") == 5 for line in lines[2:])
+
+
+def test_an_embed_cell_answers_every_request_with_vectors_the_sleeping_session_made_noise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """embed (only where named): the native embed route of an embedding entry; the sleeping session's vectors are
+    noise, so the answers' JSON holds values as long as a real model's, not zeros."""
+    repository = tmp_path / "models"
+    base = write_base_model(tmp_path / "tiny-base", "bert")
+    export_checkpoint(str(base), "tiny-embed", repository, task="embedding", variants="fp32", pooling="mean")
+    out = tmp_path / "frontend_cost.json"
+    options = ["--repository", str(repository), "--workdir", str(tmp_path), "--json", str(out)]
+    options += ["--tasks", "embed", "--sizes", "2", "--connections", "2", "--seconds", "1", "--warmup-seconds", "0.5"]
+    report = main([*options, "--tokenizer-seconds", "0.1"])
+
+    assert "| embed | 2 |" in capsys.readouterr().out
+    row = report["runs"]["change"]["cells"]["embed x2"]
+    assert row["errors"] == {} and row["answered"] == row["requests"] > 0
+    assert row["rows"] == row["sequences"] == 2 * row["answered"]
+    for figure in FIGURES:
+        assert isinstance(row[figure], float) and math.isfinite(row[figure]) and row[figure] > 0, figure
+    work = workload("embed", "tiny-embed", ["one text", "another text"], 2)
+    assert work.path == "/v1/models/tiny-embed/embed" and work.requests[0] == (
+        {"inputs": ["one text", "another text"]},
+        2,
+    )
+
+
+def test_the_sleeping_session_answers_noise_for_token_scores_and_embeddings_and_zeros_for_the_rest() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.sleeping_session import SleepingSession
+
+    outputs = [
+        SimpleNamespace(name="start_logits", shape=["batch", "sequence"]),
+        SimpleNamespace(name="sentence_embedding", shape=["batch", 8]),
+        SimpleNamespace(name="logits", shape=["batch", 3]),
+    ]
+    session = SleepingSession(SimpleNamespace(get_outputs=lambda: outputs), fixed_s=0.0, per_token_s=0.0)
+    feed = {"input_ids": np.zeros((2, 5), np.int64)}
+    tokens, vectors, logits = session.run([o.name for o in outputs], feed)
+    assert tokens.shape == (2, 5) and np.unique(tokens).size == 10
+    assert vectors.shape == (2, 8) and np.unique(vectors).size == 16
+    assert logits.shape == (2, 3) and not logits.any()
+    again = session.run(["sentence_embedding"], feed)[0]
+    assert not np.array_equal(again, vectors)  # the next values of the noise, not the same ones
 
 
 def test_rounds_swap_the_order_and_report_each_figures_median() -> None:
