@@ -86,6 +86,8 @@ LONG_TASKS = {"classify-long": "classify", "ner-long": "ner", "qa-long": "qa"}  
 # Only where named: sentence embeddings on the native route (floats in JSON), SST-2 sentences; c2fa199 had none
 EMBED = "embed"
 TASKS = (*DEFAULT_TASKS, *LONG_TASKS, EMBED)
+# An input is one SST-2 sentence (rerank's: the query with one), a request's inputs one encode_batch
+SENTENCE_TASKS = ("classify", "rerank", EMBED)
 
 
 def base_task(task: str) -> str:
@@ -300,7 +302,7 @@ def find_entries(repository: Path, tasks: list[str], named: dict[str, str]) -> d
 def task_texts(task: str, limit: int) -> tuple[list[Any], str]:
     """The inputs of a task (texts, or (question, context) pairs) and where they come from."""
     if shared_available():
-        if task in ("classify", "rerank", EMBED):
+        if task in SENTENCE_TASKS:
             return [sentence for sentence, _ in sst2(limit)], "SST-2 dev"
         if task == "classify-long":
             sentences = [sentence for sentence, _ in sst2()]
@@ -360,7 +362,7 @@ def tokenizer_alone(entry: Path, task: str, items: list[list[Any]], min_seconds:
     tokenizer.no_padding()
     tokenizer.no_truncation()
     encode: Callable[[list[Any]], object]
-    if base_task(task) in ("classify", "rerank", EMBED):
+    if base_task(task) in SENTENCE_TASKS:
         encode = tokenizer.encode_batch
     elif base_task(task) == "ner":
         text_tokenizer = TextTokenizer.load(path, config.tokenizer.pad_token_id, config.tokenizer.padding_side)

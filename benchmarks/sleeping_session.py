@@ -16,6 +16,7 @@ for that process to import from its PYTHONPATH.
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
@@ -63,9 +64,7 @@ class SleepingSession:
 
     def noise_of(self, shape: tuple[int, ...]) -> Any:
         """The next values of the noise in `shape` (from its start again where it runs out)."""
-        count = 1
-        for size in shape:
-            count *= size
+        count = math.prod(shape)
         if self.next_noise + count > len(self.noise):
             self.next_noise = 0
         start = self.next_noise
