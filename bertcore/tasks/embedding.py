@@ -70,9 +70,11 @@ def check_dimensions(dimensions: int | None, size: int) -> None:
         )
 
 
-def postprocess(vector: np.ndarray, normalize: bool, dimensions: int | None = None) -> list[float]:
-    """The answer's vector: its first `dimensions` values (normalized again: a cut unit vector is no longer one),
-    scaled to unit length where `normalize` asks it (the graph's vector as it is otherwise)."""
+def postprocess(vector: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
+    """The answer's vector, float32 and one-dimensional: its first `dimensions` values (normalized again: a cut unit
+    vector is no longer one), scaled to unit length where `normalize` asks it (the graph's vector as it is
+    otherwise). An array, not a list: the answers write it out as it is (JSON, base64, tensors) without a Python
+    float per value."""
     check_dimensions(dimensions, vector.shape[-1])
     values = vector.astype(np.float32, copy=False)
     if dimensions is not None and dimensions < values.shape[-1]:
@@ -80,4 +82,4 @@ def postprocess(vector: np.ndarray, normalize: bool, dimensions: int | None = No
     if normalize:
         norm = float(np.linalg.norm(values.astype(np.float64)))
         values = values / np.float32(max(norm, NORM_EPSILON))
-    return values.tolist()
+    return np.ascontiguousarray(values)

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from bertcore.tasks.ner import AGGREGATION_STRATEGIES
 from bertcore.version import __version__
 from service.errors import BadRequest, InvalidInput, NotReady
@@ -43,6 +45,7 @@ EXTENSIONS = (BINARY_EXTENSION,)
 # Request parameters a client may send that ask for nothing of this server: tritonclient's HTTP client sends
 # binary_data_output where the request names no outputs (binary outputs are sent where it is true).
 TRANSPORT_PARAMETERS = frozenset({"binary_data_output"})
+FLOAT32_LE = np.dtype("<f4")
 LENGTH = struct.Struct("<I")  # a BYTES element's length, in the raw (binary) form
 
 
@@ -114,11 +117,13 @@ class OutputTensor:
     name: str
     datatype: str
     shape: list[int]
-    data: list[Any]  # flat, row-major: str for BYTES, float for FP32
+    data: list[Any] | np.ndarray  # flat, row-major: str for BYTES; float for FP32, or a float32 array
 
     def raw(self) -> bytes:
         """The binary form: BYTES elements each a 4-byte little-endian length and the UTF-8 bytes; FP32 as
         little-endian floats."""
+        if isinstance(self.data, np.ndarray):
+            return self.data.astype(FLOAT32_LE, copy=False).tobytes()
         if self.datatype == "BYTES":
             parts = []
             for text in self.data:
@@ -324,7 +329,7 @@ async def _embed(
         raise InvalidInput(f"parameter dimensions must be a whole number, not {dimensions!r}", field="dimensions")
     vectors, timings = await pipeline.embed(name, texts, ticket, normalize, dimensions, field="text")
     size = len(vectors[0]) if vectors else 0
-    data = [value for vector in vectors for value in vector]
+    data = np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float32)
     return [OutputTensor("embedding", "FP32", [len(vectors), size], data)], timings
 
 

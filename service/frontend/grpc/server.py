@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+import numpy as np
 from opentelemetry.trace import SpanKind
 
 from service import tracing
@@ -126,7 +127,9 @@ class InferenceService:
             elif output.datatype == "BYTES":
                 tensor.contents.bytes_contents.extend(text.encode("utf-8") for text in output.data)
             else:
-                tensor.contents.fp32_contents.extend(output.data)
+                # an array's values as Python floats first: protobuf takes a list ~10x faster than numpy's scalars
+                values = output.data.tolist() if isinstance(output.data, np.ndarray) else output.data
+                tensor.contents.fp32_contents.extend(values)
         return response
 
 

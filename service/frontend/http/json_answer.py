@@ -7,6 +7,10 @@ value: both write the shortest text that reads back to the very same double. The
 numbers under 1e-4 written as `0.00001` or `1.5e-7` where `repr` writes `1e-05` and `1.5e-07`: the same values
 to every JSON parser.
 
+numpy arrays (embeddings' vectors) are written as they are, with no Python float per value: a float32 value as the
+shortest text that reads back to the same float32 (`0.1`, where its double's `repr` is `0.10000000149011612`), as
+TEI writes its vectors; read as float32, the very same vector, in ~40% fewer bytes.
+
 Everything else is as Starlette's JSONResponse renders it: UTF-8 without escapes, no spaces, keys in order. Where
 orjson would answer differently, the standard library renders the body instead: orjson writes NaN and the
 infinities as `null` where the server refuses them (an error, as before), and refuses what the standard library
@@ -16,18 +20,37 @@ inference answers hold none.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import numpy as np
 import orjson
 from starlette.responses import JSONResponse
+
+OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def plain(value: Any) -> Any:
+    """What the standard library's encoder cannot write but an answer may hold: numpy's arrays and numbers, as lists
+    and Python numbers (its `default`)."""
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def stdlib_json(content: Any) -> bytes:
+    """`content` as Starlette's JSONResponse writes it, numpy's values as lists and Python numbers."""
+    return json.dumps(
+        content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"), default=plain
+    ).encode("utf-8")
 
 
 class JsonAnswer(JSONResponse):
     def render(self, content: Any) -> bytes:
         try:
-            body = orjson.dumps(content)
+            body = orjson.dumps(content, option=OPTIONS)
         except orjson.JSONEncodeError:  # what orjson cannot write: the standard library's answer (or its error)
-            return super().render(content)
+            return stdlib_json(content)
         if b"null" in body:  # a NaN or an infinity, written as null: refused by the standard library, as before
-            return super().render(content)
+            return stdlib_json(content)
         return body

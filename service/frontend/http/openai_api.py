@@ -34,13 +34,13 @@ from service.frontend.http.routes import (
 FLOAT32_LE = np.dtype("<f4")
 
 
-def base64_vector(vector: list[float]) -> str:
+def base64_vector(vector: np.ndarray) -> str:
     """The vector as OpenAI's base64 encoding carries it: its little-endian float32 bytes (exact: the values are
     float32 already)."""
     return base64.b64encode(np.asarray(vector, dtype=FLOAT32_LE).tobytes()).decode("ascii")
 
 
-def envelope(name: str, vectors: list[list[float]], encoding_format: str | None, tokens: int) -> dict[str, Any]:
+def envelope(name: str, vectors: list[np.ndarray], encoding_format: str | None, tokens: int) -> dict[str, Any]:
     encode = base64_vector if encoding_format == "base64" else None
     data = [
         {"object": "embedding", "index": index, "embedding": encode(vector) if encode else vector}

@@ -19,16 +19,27 @@ VECTOR = np.array([3.0, 4.0, 12.0, 0.0], dtype=np.float32)  # norm 13; its first
 
 def test_the_vector_is_scaled_to_unit_length_where_asked() -> None:
     normalized = embedding.postprocess(VECTOR, normalize=True)
-    assert normalized == pytest.approx([3 / 13, 4 / 13, 12 / 13, 0.0])
-    assert all(isinstance(value, float) for value in normalized)
-    assert embedding.postprocess(VECTOR, normalize=False) == [3.0, 4.0, 12.0, 0.0]  # the graph's own vector
+    assert normalized.tolist() == pytest.approx([3 / 13, 4 / 13, 12 / 13, 0.0])
+    assert embedding.postprocess(VECTOR, normalize=False).tolist() == [3.0, 4.0, 12.0, 0.0]  # the graph's own vector
+
+
+@pytest.mark.parametrize(
+    ("source", "normalize", "dimensions"),
+    [(np.float32, True, None), (np.float32, False, None), (np.float16, False, None), (np.float32, False, 2)],
+)
+def test_the_vector_is_a_float32_array_of_its_own(source: type, normalize: bool, dimensions: int | None) -> None:
+    """One flat, contiguous float32 array, whatever the graph's output type: the answers write it out as it is."""
+    batch = np.stack([VECTOR, VECTOR * 2]).astype(source)  # the engine's rows are views into one batch
+    vector = embedding.postprocess(batch[1], normalize=normalize, dimensions=dimensions)
+    assert vector.dtype == np.float32 and vector.ndim == 1 and vector.flags.c_contiguous
+    assert vector.shape == (dimensions or 4,)
 
 
 def test_dimensions_keeps_the_first_values_normalized_again() -> None:
     """A cut unit vector is no longer one: OpenAI's `dimensions` and Matryoshka models normalize it again."""
-    assert embedding.postprocess(VECTOR, normalize=False, dimensions=2) == pytest.approx([0.6, 0.8])
-    assert embedding.postprocess(VECTOR / 13, normalize=True, dimensions=2) == pytest.approx([0.6, 0.8])
-    assert embedding.postprocess(VECTOR, normalize=False, dimensions=4) == [3.0, 4.0, 12.0, 0.0]  # nothing cut
+    assert embedding.postprocess(VECTOR, normalize=False, dimensions=2).tolist() == pytest.approx([0.6, 0.8])
+    assert embedding.postprocess(VECTOR / 13, normalize=True, dimensions=2).tolist() == pytest.approx([0.6, 0.8])
+    assert embedding.postprocess(VECTOR, normalize=False, dimensions=4).tolist() == [3.0, 4.0, 12.0, 0.0]  # not cut
 
 
 @pytest.mark.parametrize("dimensions", [0, -1, 5])
@@ -41,7 +52,7 @@ def test_dimensions_beyond_the_vector_are_refused(dimensions: int) -> None:
 
 
 def test_a_zero_vector_stays_zero() -> None:
-    assert embedding.postprocess(np.zeros(3, dtype=np.float32), normalize=True) == [0.0, 0.0, 0.0]
+    assert embedding.postprocess(np.zeros(3, dtype=np.float32), normalize=True).tolist() == [0.0, 0.0, 0.0]
 
 
 def test_the_default_prompt_goes_before_every_text() -> None:

@@ -102,8 +102,10 @@ def test_the_openai_sdk_gets_sentence_transformers_vectors_in_both_encodings(
         assert vectors.shape == (len(sentences), 384)
         assert cosines(vectors, want).min() >= COSINE
         assert np.allclose(np.linalg.norm(vectors, axis=-1), 1.0, atol=1e-5)  # OpenAI's vectors are unit length
-    # base64 carries the same float32 values the float encoding writes out
-    assert [item.embedding for item in default.data] == [item.embedding for item in floats.data]
+    # base64 carries the same float32 values the float encoding writes out (each as its float32's shortest text)
+    as_base64 = np.array([item.embedding for item in default.data], dtype=np.float32)
+    as_floats = np.array([item.embedding for item in floats.data], dtype=np.float32)
+    assert np.array_equal(as_base64.view(np.uint32), as_floats.view(np.uint32))
     tokens = sum(len(reference.tokenizer(sentence)["input_ids"]) for sentence in sentences)
     assert floats.usage.prompt_tokens == floats.usage.total_tokens == tokens
     one = client.embeddings.create(model=MODEL, input=sentences[0], encoding_format="float")
@@ -433,6 +435,10 @@ def test_tritonclient_gets_an_fp32_tensor(embed_server: Server, reference, sente
     vectors = client.infer(MODEL, [text], outputs=[output]).as_numpy("embedding")
     assert vectors.shape == (4, 384) and vectors.dtype == np.float32
     assert cosines(vectors, reference.encode(sentences[:4], convert_to_numpy=True)).min() >= COSINE
+    with embed_server.client() as http:  # the native route's JSON floats: the very same float32 values
+        native = http.post(f"/v1/models/{MODEL}/embed", json={"inputs": sentences[:4], "normalize": True})
+    native_vectors = np.array(native.json()["results"], dtype=np.float32)
+    assert np.array_equal(native_vectors.view(np.uint32), vectors.view(np.uint32))
     cut = client.infer(MODEL, [text], parameters={"dimensions": 16}).as_numpy("embedding")
     assert cut.shape == (4, 16) and np.allclose(np.linalg.norm(cut, axis=-1), 1.0, atol=1e-5)
 
