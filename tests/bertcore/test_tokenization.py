@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from tokenizers import Tokenizer
 
 from bertcore.tokenization import TextTokenizer
+from tests.tiny_models import FAMILIES, make_tokenizer
 
 TEXT = "Angela Merkel met Emmanuel Macron in Paris on 14 June 2019, then flew to New York. " * 6
 
@@ -44,3 +46,27 @@ def test_one_text_encodes_as_in_a_batch(tiny_checkpoint: Callable[..., Path]) ->
         assert [(e.ids, e.type_ids, e.offsets, e.special_tokens_mask) for e in got] == [
             (e.ids, e.type_ids, e.offsets, e.special_tokens_mask) for e in expected
         ], items
+
+
+ALL_FAMILIES = ("bert", "distilbert", "roberta", "albert", *FAMILIES)
+
+
+@pytest.mark.parametrize("arch", ALL_FAMILIES)
+def test_encodings_without_offsets_have_the_same_ids(arch: str) -> None:
+    """Classification's, rerank's and embeddings' rows are encoded without offsets (`offsets=False`): for every
+    family's tokenizer (WordPiece, byte BPE, Unigram, SentencePiece) the very same ids and type ids, one text or many,
+    pairs, accents, CJK, emoji, empty text."""
+    library = make_tokenizer(arch)
+    tokenizer = TextTokenizer(library.backend_tokenizer.to_str(), pad_token_id=library.pad_token_id or 0)
+    texts = ["a gorgeous movie", "Zoë Ünal flew to 東京 🙂 on 14 June", "", TEXT, "  spaced\tout\n", "naïve café"]
+    cases: list[list] = [[text] for text in texts] + [
+        texts,
+        [(texts[0], texts[1])],
+        list(zip(texts, texts[::-1], strict=True)),
+    ]
+    for items in cases:
+        fast = tokenizer.encode_batch(items, offsets=False)
+        full = tokenizer.encode_batch(items)
+        assert [(e.ids, e.type_ids, e.attention_mask) for e in fast] == [
+            (e.ids, e.type_ids, e.attention_mask) for e in full
+        ], (arch, items)
