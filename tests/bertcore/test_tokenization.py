@@ -55,11 +55,13 @@ ALL_FAMILIES = ("bert", "distilbert", "roberta", "albert", *FAMILIES)
 def test_encodings_without_offsets_have_the_same_ids(arch: str) -> None:
     """Classification's, rerank's and embeddings' rows are encoded without offsets (`offsets=False`): for every
     family's tokenizer (WordPiece, byte BPE, Unigram, SentencePiece) the very same ids and type ids, one text or many,
-    pairs, accents, CJK, emoji, empty text."""
+    pairs, accents, CJK, emoji, empty text (a lone short text keeps `encode`, offsets and all; a long one does not)."""
     library = make_tokenizer(arch)
     tokenizer = TextTokenizer(library.backend_tokenizer.to_str(), pad_token_id=library.pad_token_id or 0)
     texts = ["a gorgeous movie", "Zoë Ünal flew to 東京 🙂 on 14 June", "", TEXT, "  spaced\tout\n", "naïve café"]
     cases: list[list] = [[text] for text in texts] + [
+        [TEXT * 3],
+        [(TEXT * 2, TEXT)],
         texts,
         [(texts[0], texts[1])],
         list(zip(texts, texts[::-1], strict=True)),
