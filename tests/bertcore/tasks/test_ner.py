@@ -600,3 +600,22 @@ def test_groups_as_tagging_each_item_then_grouping_does(labels: list[str], strat
         before, after = (rng.normal(0, 2, (int(rng.integers(0, 9)), len(labels))).astype(np.float32) for _ in "ab")
         scored = ner.score_windows([before, logits, after])[1]
         assert ner._window_entities(tokens, scored, labels, strategy, join, ignore) == expected
+
+
+def test_the_row_max_is_numpys_max_over_labels() -> None:
+    # The softmax's shift and each row's best score: the very values of max(axis=-1), NaN and -inf rows included.
+    rng = np.random.default_rng(5)
+    for rows, labels in [(1, 9), (31, 9), (480, 9), (3, 2), (7, 17), (0, 9)]:
+        values = rng.normal(0, 3, (rows, labels)).astype(np.float32)
+        if rows > 2:
+            values[1, labels // 2] = np.nan
+            values[2] = -np.inf
+        assert np.array_equal(ner._row_max(values), values.max(axis=-1), equal_nan=True)
+        with np.errstate(invalid="ignore"):  # a row of -inf shifted by its own max: NaN, in both
+            assert np.array_equal(ner._softmax(values), plain_softmax(values), equal_nan=True)
+
+
+def plain_softmax(logits: np.ndarray) -> np.ndarray:
+    """transformers' token-classification softmax, row by row."""
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
