@@ -38,10 +38,11 @@ def plain(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def stdlib_json(content: Any) -> bytes:
-    """`content` as Starlette's JSONResponse writes it, numpy's values as lists and Python numbers."""
+def stdlib_json(content: Any, allow_nan: bool = False) -> bytes:
+    """`content` as Starlette's JSONResponse writes it, numpy's values as lists and Python numbers; `allow_nan`
+    writes NaN and the infinities as `NaN` and `Infinity` where they are refused by default."""
     return json.dumps(
-        content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"), default=plain
+        content, ensure_ascii=False, allow_nan=allow_nan, indent=None, separators=(",", ":"), default=plain
     ).encode("utf-8")
 
 

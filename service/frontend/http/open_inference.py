@@ -23,7 +23,7 @@ from starlette.routing import Route
 from service.errors import BadRequest
 from service.frontend import open_inference as oip
 from service.frontend.http import schemas
-from service.frontend.http.json_answer import JsonAnswer, plain
+from service.frontend.http.json_answer import JsonAnswer, stdlib_json
 from service.frontend.http.routes import admitted, json_body, server_state, timing_headers
 from service.wire.ticket import Ticket
 
@@ -244,7 +244,7 @@ def _answer(name: str, request_id: str | None, result: oip.InferResult, binary: 
     headers = timing_headers(result.timings, ticket)
     if not chunks:
         return JsonAnswer(content, headers=headers)
-    header = json.dumps(content, ensure_ascii=False, separators=(",", ":"), default=plain).encode("utf-8")
+    header = stdlib_json(content, allow_nan=True)
     headers[HEADER_LENGTH] = str(len(header))
     return Response(b"".join([header, *chunks]), media_type="application/octet-stream", headers=headers)
 

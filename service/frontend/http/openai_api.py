@@ -30,8 +30,7 @@ from service.frontend.http.routes import (
     server_state,
     timing_headers,
 )
-
-FLOAT32_LE = np.dtype("<f4")
+from service.frontend.open_inference import FLOAT32_LE
 
 
 def base64_vector(vector: np.ndarray) -> str:
