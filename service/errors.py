@@ -154,3 +154,16 @@ class InferenceFailed(ServiceError):
 
     status_code = 500
     error_type = "inference"
+
+
+class NonFiniteOutput(InferenceFailed):
+    """The model answered NaN or an infinity for a row: it fails on that input (an fp16 variant can overflow where
+    fp32 does not). The row's request is refused, the same on every protocol, rather than answered with values JSON
+    cannot carry and that base64, a tensor or a vector index would take in unseen; the batch's other rows are
+    answered."""
+
+    error_type = "non_finite_output"
+    MESSAGE = (
+        "the model's output for this request holds NaN or an infinity: the model fails on this input (an fp16 "
+        "variant can overflow where fp32 does not)"
+    )

@@ -14,7 +14,8 @@
   streams are busy, the next batch queues. The batch is padded (`prepare`) on a thread of its own, which queues
   it on the device thread itself. With one stream (CUDA), the next batch is taken just before the running one is
   due to end, so that it is there when the device is free. A runner failure fails each request of that batch with
-  `InferenceFailed`; the loop goes on.
+  `InferenceFailed`; the loop goes on. A runner's output for a row may be an exception instead (the model answered
+  NaN for it): that row's request fails with it, the batch's others are answered.
 - `streams` batches run at once (default 1). On a CPU, two streams with half the threads each keep both cores in
   arithmetic where one small batch on two threads spends much of its time handing each operator's halves out and
   waiting for them; the runner must be safe to call from several threads (onnxruntime sessions are).
@@ -573,7 +574,10 @@ class Batcher:
                 self._fail(batch)
             else:
                 for item, output in zip(batch, run.outputs, strict=True):
-                    item.request.set_output(item.index, output)
+                    if isinstance(output, BaseException):  # this row's alone (the model's NaN): its request fails
+                        self._fail_row(item, output, len(batch))
+                    else:
+                        item.request.set_output(item.index, output)
         finally:
             self._wakeup.set()  # the device (or its queue) is free: the loop may be waiting for that
         seconds = run.seconds
@@ -644,6 +648,17 @@ class Batcher:
             self.seconds_per_token = cost
         else:
             self.seconds_per_token += 0.2 * weight * (cost - self.seconds_per_token)
+
+    def _fail_row(self, item: _Item, error: BaseException, batch_rows: int) -> None:
+        if not item.request.done():
+            log.warning(
+                "batcher %s: a row of a batch of %d failed: %s (request %s)",
+                self.name,
+                batch_rows,
+                error,
+                item.request.ticket.request_id or "-",
+            )
+        item.request.set_exception(error)
 
     @staticmethod
     def _fail(batch: list[_Item]) -> None:

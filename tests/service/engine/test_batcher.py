@@ -14,7 +14,7 @@ import pytest
 
 from service.engine.batcher import Batcher
 from service.engine.buckets import ShapeGrid
-from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
+from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NonFiniteOutput, NotReady, Overloaded
 from service.wire.ticket import Ticket
 from tests.service.conftest import wait_for, wait_for_async
 
@@ -338,6 +338,30 @@ def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on() -> None:
         return await batcher.submit(rows("good", [5]), Ticket.with_timeout(5))
 
     assert run(scenario, runner=Recorder(fail_on="bad0")) == ["out:good0"]
+
+
+def test_a_rows_own_error_fails_its_request_alone_and_its_other_rows_are_dropped() -> None:
+    class RefusesOne(Recorder):
+        def __call__(self, rows: list[FakeRow]) -> list:
+            outputs: list = super().__call__(rows)
+            return [
+                NonFiniteOutput(NonFiniteOutput.MESSAGE) if row.tag == "bad1" else out
+                for row, out in zip(rows, outputs, strict=True)
+            ]
+
+    async def scenario(batcher, runner, _):
+        runner.gate.clear()  # every request queued before the first batch runs: they share it
+        bad = asyncio.ensure_future(batcher.submit(rows("bad", [5, 5, 5]), Ticket.with_timeout(5)))
+        good = asyncio.ensure_future(batcher.submit(rows("good", [5, 5]), Ticket.with_timeout(5)))
+        await asyncio.sleep(0.05)
+        runner.gate.set()
+        with pytest.raises(NonFiniteOutput, match="NaN or an infinity"):
+            await bad
+        return await good, runner.batches
+
+    answer, batches = run(scenario, runner=RefusesOne(), max_wait_s=0.2)
+    assert answer == ["out:good0", "out:good1"]
+    assert [row.tag for row in batches[0]] == ["bad0", "bad1", "bad2", "good0", "good1"]  # one batch held them all
 
 
 def test_a_batch_failing_on_the_device_thread_does_not_touch_the_batch_queued_behind_it() -> None:

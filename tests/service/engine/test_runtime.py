@@ -15,9 +15,11 @@ from bertcore.rows import Row
 from service.engine.batcher import Batcher
 from service.engine.core import EngineCore
 from service.engine.runtime import ModelRuntime
+from service.errors import NonFiniteOutput
 from service.metrics import Metrics
 from service.settings import Settings
 from service.wire.ticket import Ticket
+from tests.harness.broken_models import poisoned_copy
 
 BUCKETS = {"shape_buckets": "on", "max_batch_size": 8, "max_batch_tokens": 512, "bucket_width_step": 16}
 
@@ -207,3 +209,24 @@ def test_a_prepare_failure_fails_only_that_batch() -> None:
 
     failed, answered = asyncio.run(scenario())
     assert type(failed).__name__ == "InferenceFailed" and answered == ["out:good"]
+
+
+POISONED_ID = 42  # a token id of every tiny vocabulary
+
+
+@pytest.mark.parametrize("cell", ["bert-classification", "bert-ner", "bert-qa"])
+def test_a_row_the_model_answers_nan_for_is_refused_alone(tiny_repository: Path, tmp_path: Path, cell: str) -> None:
+    clean = runtime_for(tiny_repository / cell, cpu_variant="fp32")
+    poisoned = runtime_for(poisoned_copy(tiny_repository / cell, tmp_path / cell, POISONED_ID), cpu_variant="fp32")
+    rows = random_rows(6, seed=3)
+    assert not any((row.input_ids == POISONED_ID).any() for row in rows)
+    ids = rows[2].input_ids.copy()
+    ids[len(ids) // 2] = POISONED_ID
+    rows[2] = Row(ids, rows[2].token_type_ids)
+    want, got = clean.run(rows), poisoned.run(rows)
+    assert all(np.isfinite(values).all() for row in want for values in row.values())  # the clean model's: all finite
+    assert isinstance(got[2], NonFiniteOutput) and got[2].error_type == "non_finite_output"
+    for index in (0, 1, 3, 4, 5):
+        assert got[index].keys() == want[index].keys()
+        for name in want[index]:
+            np.testing.assert_allclose(got[index][name], want[index][name], atol=1e-5)
