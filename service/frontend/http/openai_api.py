@@ -18,6 +18,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.errors import InvalidInput
 from service.frontend.http import schemas
 from service.frontend.http.json_answer import JsonAnswer
 from service.frontend.http.middleware import OPENAI_EMBEDDINGS_PATH, SCOPE_MODEL
@@ -53,8 +54,28 @@ def envelope(name: str, vectors: list[np.ndarray], encoding_format: str | None, 
     }
 
 
+# What a token-array request is told: OpenAI's API also takes `input` as token ids (tiktoken's), which LangChain's
+# OpenAIEmbeddings sends by default; another tokenizer's ids mean nothing to this model's
+TOKEN_IDS_REFUSED = (
+    "input holds token ids (lists of integers): this server takes text and tokenizes it with the model's own "
+    "tokenizer; send the strings (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)"
+)
+
+
+def token_arrays(data: Any) -> bool:
+    """Whether the body's `input` is a token array or a list of them (integers; JSON's true and false are not)."""
+    value = data.get("input") if isinstance(data, dict) else None
+    if not isinstance(value, list) or not value:
+        return False
+    first = value[0][0] if isinstance(value[0], list) and value[0] else value[0]
+    return isinstance(first, int) and not isinstance(first, bool)
+
+
 async def serve(request: Request) -> Response:
-    body = parse_body(schemas.OpenAIEmbeddingRequest, await json_body(request))
+    data = await json_body(request)
+    if token_arrays(data):
+        raise InvalidInput(TOKEN_IDS_REFUSED, field="input")
+    body = parse_body(schemas.OpenAIEmbeddingRequest, data)
     server = server_state(request)
     request.scope[SCOPE_MODEL] = body.model
     texts = [body.input] if isinstance(body.input, str) else body.input

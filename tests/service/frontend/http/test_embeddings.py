@@ -203,7 +203,10 @@ ERRORS = [
     ({"model": MODEL, "input": []}, 422, "invalid_request_error", "input", "validation"),
     ({"model": MODEL, "input": ""}, 422, "invalid_request_error", "input", "validation"),
     ({"model": MODEL, "input": ["fine", ""]}, 422, "invalid_request_error", "input.1", "validation"),
-    ({"model": MODEL, "input": [[101, 2023]]}, 422, "invalid_request_error", "input.0", "validation"),
+    ({"model": MODEL, "input": [[101, 2023]]}, 422, "invalid_request_error", "input", "validation"),
+    ({"model": MODEL, "input": [101, 2023]}, 422, "invalid_request_error", "input", "validation"),
+    ({"model": MODEL, "input": [True]}, 422, "invalid_request_error", "input.0", "validation"),
+    ({"model": MODEL, "input": ["fine", 7]}, 422, "invalid_request_error", "input.1", "validation"),
     ({"model": MODEL, "input": ["x"] * 65}, 422, "invalid_request_error", "input", "validation"),
     ({"model": MODEL, "input": ["fine", "x" * 20_001]}, 422, "invalid_request_error", "input.1", "validation"),
     (
@@ -259,6 +262,9 @@ def test_the_sdk_raises_its_own_errors(embed_server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as wrong:
         client.embeddings.create(model=CLASSIFIER, input=["x"])
     assert wrong.value.code == "wrong_task"
+    with pytest.raises(openai.UnprocessableEntityError) as token_ids:  # what LangChain sends by default: tiktoken's
+        client.embeddings.create(model=MODEL, input=[[9906, 1917], [40, 1093]])
+    assert token_ids.value.param == "input" and "check_embedding_ctx_length=False" in token_ids.value.message
 
 
 def test_the_metrics_label_the_openai_route(embed_server: Server) -> None:
