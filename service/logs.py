@@ -117,8 +117,8 @@ def iso_time(created: float) -> str:
 class DirectAccessLines(logging.StreamHandler):
     """A handler of `configure_logging`'s that writes an access line itself, the very text its formatter would
     write, where the record would reach it and nothing else (`direct_access_handler`): without a `LogRecord`, its
-    filter and the handlers' chain, half of a line's ~10 µs in a loop; in a loaded front-end ~25 µs of a 1-input
-    request's ~400 (docs/benchmarks.md)."""
+    filter and the handlers' chain, half of a line's ~10 µs in a loop; in a loaded front-end the line cost ~44 µs of
+    a 1-input request's ~400 by the record's way, ~15 this way (docs/benchmarks.md)."""
 
     def __init__(self, traced: bool, formatter: logging.Formatter) -> None:
         super().__init__(sys.stderr)
@@ -139,10 +139,16 @@ class DirectAccessLines(logging.StreamHandler):
         raise NotImplementedError
 
     def write_line(self, line: str) -> None:
-        """As `StreamHandler.emit` writes: under the handler's lock, flushed."""
-        with self.lock:  # type: ignore[union-attr]
-            self.stream.write(line + self.terminator)
-            self.flush()
+        """As `StreamHandler.emit` writes: under the handler's lock, flushed; a failure to write (a closed or broken
+        stderr) reported as logging reports it (`handleError`), never raised into the request."""
+        try:
+            with self.lock:  # type: ignore[union-attr]
+                self.stream.write(line + self.terminator)
+                self.flush()
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(logging.makeLogRecord({"name": ACCESS_LOGGER, "levelno": INFO, "msg": line}))
 
 
 class LogHandler(DirectAccessLines):

@@ -169,3 +169,20 @@ def test_anything_else_that_would_see_an_access_record_still_sees_it(
     assert direct_access_handler() is None
     configured("off")
     assert not access_log.isEnabledFor(logging.INFO)
+
+
+def test_an_access_line_that_cannot_be_written_is_reported_as_logging_reports_it(
+    configured: Callable[..., io.StringIO], capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Closed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError("stderr is gone")
+
+    configured("text")
+    handler = direct_access_handler()
+    assert handler is not None
+    handler.setStream(Closed())
+    log_access(*ACCESS_CALLS[0])  # not raised into the request that is being answered
+    reported = capsys.readouterr().err
+    assert "--- Logging error ---" in reported and "OSError: stderr is gone" in reported
+    assert '"POST /v1/models/sst2/classify" 200 4.51 ms' in reported
