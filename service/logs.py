@@ -96,12 +96,9 @@ class JsonAccessFormatter(logging.Formatter):
     on, trace_id and span_id (null outside a sampled span)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": iso_time(record.created),
-            "level": record.levelname.lower(),
-            "request_id": getattr(record, "request_id", None),
-            **getattr(record, "access", {}),
-        }
+        entry = access_entry(
+            record.created, record.levelname.lower(), getattr(record, "request_id", None), getattr(record, "access", {})
+        )
         trace_id = getattr(record, "trace_id", None)
         if trace_id is not None:
             entry["trace_id"] = None if trace_id == "-" else trace_id
@@ -110,8 +107,10 @@ class JsonAccessFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=True)
 
 
-def iso_time(created: float) -> str:
-    return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+def access_entry(created: float, level: str, request_id: str | None, fields: dict[str, Any]) -> dict[str, Any]:
+    """A JSON access line's object, but for the trace's ids."""
+    ts = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+    return {"ts": ts, "level": level, "request_id": request_id, **fields}
 
 
 class DirectAccessLines(logging.StreamHandler):
@@ -154,14 +153,18 @@ class DirectAccessLines(logging.StreamHandler):
 class LogHandler(DirectAccessLines):
     """The one handler every logger reaches: stderr, `TextFormatter`, `RequestIdFilter`."""
 
+    own_formatter: TextFormatter
+
     def __init__(self, traced: bool) -> None:
-        self.text_formatter = TextFormatter(traced)
-        super().__init__(traced, self.text_formatter)
+        super().__init__(traced, TextFormatter(traced))
+        # TEXT_FORMAT with its fixed fields filled in once: the time, the request id and the message go in per line
+        fixed = {"levelname": "INFO", "name": ACCESS_LOGGER, "asctime": "{0}", "request_id": "{1}", "message": "{2}"}
+        self._access_format = TEXT_FORMAT % fixed
 
     def access_line(self, request_id: str, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
         created = time.time()
-        moment = self.text_formatter.time_text(created, int((created - int(created)) * 1000))
-        self.write_line(f"{moment} INFO {ACCESS_LOGGER} [{request_id}]: {ACCESS_MESSAGE % args}")
+        moment = self.own_formatter.time_text(created, int((created - int(created)) * 1000))
+        self.write_line(self._access_format.format(moment, request_id, ACCESS_MESSAGE % args))
 
 
 class JsonAccessHandler(DirectAccessLines):
@@ -171,8 +174,7 @@ class JsonAccessHandler(DirectAccessLines):
         super().__init__(traced, JsonAccessFormatter())
 
     def access_line(self, request_id: str, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
-        entry = {"ts": iso_time(time.time()), "level": "info", "request_id": request_id, **fields}
-        self.write_line(json.dumps(entry, ensure_ascii=True))
+        self.write_line(json.dumps(access_entry(time.time(), "info", request_id, fields), ensure_ascii=True))
 
 
 def direct_access_handler() -> DirectAccessLines | None:
