@@ -21,9 +21,10 @@ limit=${LIMIT:-67108864}
 headroom=${HEADROOM:-2097152}
 prep=${GPU_PREP:-.gpu/prep}
 # What grpc/*_pb2*.py need (pyproject.toml: grpcio==1.85.3, protobuf>=6.33.5), the servers' /docs assets, gRPC's
-# health service and the tracing SDK with its OTLP exporters (service imports them; the machine has none of them).
+# health service, orjson (the answers' JSON) and the tracing SDK with its OTLP exporters (service imports them; the
+# machine has none of them).
 # Versions as constraints.txt pins them; opentelemetry-api comes from gpu_prep.sh.
-extra="grpcio==1.85.3 protobuf==6.33.6 fastapi-offline==1.7.7 grpcio-health-checking==1.81.1
+extra="grpcio==1.85.3 protobuf==6.33.6 fastapi-offline==1.7.7 grpcio-health-checking==1.81.1 orjson==3.13.0
   opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 opentelemetry-proto==1.45.2
   opentelemetry-exporter-otlp-proto-grpc==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2
   opentelemetry-exporter-otlp-proto-common==1.45.2 opentelemetry-exporter-otlp-common==0.66b2
