@@ -289,6 +289,7 @@ def load_row(result: LoadResult, clients: int, procs: int) -> dict:
         **result.summary(),
         "requests_per_s": round(result.requests_per_s, 1),
         "seconds": round(result.seconds, 2),
+        "client_cpu": {"cores": round(result.client_cores, 2), "processes": procs},
     }
 
 
@@ -451,6 +452,8 @@ def table(report: dict, args: argparse.Namespace) -> list[str]:
                     lines.append(f"  {name} [{config}] {label}: {_stages(stages)}")
                 if cpu := served.get(label, {}).get("server_cpu"):
                     cores = ", ".join(f"{role} {v['cores']} cores ({v['processes']})" for role, v in cpu.items())
+                    if client := served[label].get("client_cpu"):
+                        cores += f"; the client {client['cores']} cores ({client['processes']})"
                     lines.append(f"    server CPU: {cores}")
     lines += ["", "targets (issues 8, 29):", *(targets or ["  none evaluated (no served figures)"])]
     return lines

@@ -31,6 +31,13 @@ class LoadResult:
     sequences: int = 0
     latencies: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
+    # The client's own CPU over the window (user + system, its processes together): where client and server share
+    # the cores, a client near one core per process holds the rate, not the server
+    cpu_seconds: float = 0.0
+
+    @property
+    def client_cores(self) -> float:
+        return self.cpu_seconds / self.seconds
 
     @property
     def sequences_per_s(self) -> float:
@@ -62,6 +69,7 @@ class LoadResult:
             merged.requests += part.requests
             merged.sequences += part.sequences
             merged.latencies.extend(part.latencies)
+            merged.cpu_seconds += part.cpu_seconds
             for status, count in part.statuses.items():
                 merged.statuses[status] = merged.statuses.get(status, 0) + count
         return merged
@@ -169,12 +177,13 @@ def run_load(
 
     async def main() -> LoadResult:
         result = LoadResult(seconds=seconds)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         deadline = started + seconds
         await asyncio.gather(
             *(_worker(host, port, path, payloads, deadline, result, max_requests) for _ in range(clients))
         )
         result.seconds = time.perf_counter() - started
+        result.cpu_seconds = time.process_time() - cpu
         return result
 
     return asyncio.run(main())
@@ -189,10 +198,11 @@ def _process_load(url: str, path: str, payloads: list, clients: int, seconds: fl
         connections = await asyncio.gather(*(asyncio.open_connection(host, port) for _ in range(clients)))
         barrier.wait(60)  # blocks the loop, which has nothing else to do yet
         result = LoadResult(seconds=seconds)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         deadline = started + seconds
         await asyncio.gather(*(_worker(host, port, path, cycle, deadline, result, None, c) for c in connections))
         result.seconds = time.perf_counter() - started
+        result.cpu_seconds = time.process_time() - cpu
         return result
 
     try:

@@ -22,6 +22,9 @@ def test_client_processes_share_one_window_and_merge_their_counts() -> None:
     assert result.sequences == 16 * result.requests
     assert len(result.latencies) == result.requests
     assert 0.5 <= result.seconds < 2.0  # one common window, not three back to back
+    # Each process's own CPU over the window, summed: some, and no more than three single-threaded loops can use
+    assert 0.0 < result.cpu_seconds <= 3 * result.seconds
+    assert result.client_cores == result.cpu_seconds / result.seconds
 
 
 def test_a_dropped_connection_counts_as_an_error_and_the_load_reconnects_until_its_window_ends() -> None:
@@ -50,5 +53,6 @@ def test_a_dropped_connection_counts_as_an_error_and_the_load_reconnects_until_i
     assert result.requests >= 2
     assert result.statuses == {CONNECTION_ERROR: result.requests}
     assert result.sequences == 0
+    assert result.cpu_seconds > 0.0  # measured in-process too
     assert len(accepted) > 2  # it did reconnect
     assert result.seconds < 2
