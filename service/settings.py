@@ -92,6 +92,12 @@ class Settings(BaseSettings):
         "threads (one session): more sequences/s under load, a lone request on fewer threads; 0: 2 where there are "
         "2 threads or more, else 1 (1 for the lowest latency of lone requests)",
     )
+    cpu_lone_session: Literal["on", "off"] = Field(
+        "off",
+        description="CPU with 2 streams or more: a second session of each model on all the threads, for a batch that "
+        "starts while no other runs (a lone request on every thread, as with one stream); the model's weights "
+        "twice in memory",
+    )
     engine_mode: Literal["auto", "in-process", "process"] = Field(
         "auto",
         description="process: front-end processes (HTTP, tokenization) and one engine process (sessions, batching) "

@@ -8,6 +8,7 @@ A batch goes through two steps so that the engine can prepare batch N+1 while ba
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -30,6 +31,10 @@ log = logging.getLogger("service.engine.runtime")
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 GRAPH_WARM_UP_RUNS = 3
+# --cpu-lone-session: each batch's weight in the running share of batches that started beside another, and the share
+# under which a batch that starts alone takes the lone session
+OVERLAP_WEIGHT = 0.1
+LONE_MAX_OVERLAP = 0.2
 NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32}
 ARENA_SHRINK = "memory.enable_memory_arena_shrinkage"  # a run option: at the run's end, free the arena's idle regions
 RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"  # which provider runs each node (onnxruntime 1.31)
@@ -199,6 +204,14 @@ class ModelRuntime:
         self.graphs: CudaGraphs | None = None
         if self._graphs_on:
             self.graphs = CudaGraphs(self.session, self.output_names, settings.cuda_device_id)
+        # --cpu-lone-session: a batch that starts while no other runs takes a session of its own on every thread;
+        # the others take the streams' shared session, threads / streams each
+        self.lone_session: ort.InferenceSession | None = None
+        if self.provider == CPU and self.streams > 1 and settings.cpu_lone_session == "on":
+            self.lone_session = self._open(self.variant, use_cuda_graphs=False, threads=settings.session_threads)
+        self._running = 0  # batches in `execute` now, on any thread
+        self._overlap = 0.0  # running share of the batches that started while another ran
+        self._running_lock = threading.Lock()
         # The CPU arena keeps what the largest batch needed: give it back once large batches are over (CPU only).
         idle_s = settings.release_memory_idle_s if self.provider == CPU else 0.0
         self.memory = IdleRelease(entry.name, idle_s, self.release_memory)
@@ -310,6 +323,8 @@ class ModelRuntime:
             "why": self.placement.why,
             "nodes": {provider: len(ops) for provider, ops in self.nodes.items()},
         }
+        if self.lone_session is not None:
+            report["lone_session_threads"] = self.settings.session_threads
         if self.provider == CUDA:
             report["device_id"] = self.settings.cuda_device_id
             report["cpu_nodes"] = dict(sorted(Counter(self.nodes.get(CPU, [])).items()))
@@ -335,9 +350,10 @@ class ModelRuntime:
     def _wants_cuda_graphs(self) -> bool:
         return self.placement.provider == CUDA and self.grid is not None and self.settings.cuda_graphs == "on"
 
-    def _open(self, variant: str, *, use_cuda_graphs: bool) -> ort.InferenceSession:
+    def _open(self, variant: str, *, use_cuda_graphs: bool, threads: int | None = None) -> ort.InferenceSession:
+        """A session of the variant on this runtime's provider: each stream's share of the threads, or `threads`."""
         settings = self.settings
-        options = run_options(self.intra_op_threads, settings.spin_threads)
+        options = run_options(threads or self.intra_op_threads, settings.spin_threads)
         # Warnings on CUDA: onnxruntime says there when it places nodes on the CPU or cannot start the provider.
         options.log_severity_level = 2 if self.provider == CUDA else 3
         options.add_session_config_entry(RECORD_ASSIGNMENT, "1")
@@ -393,7 +409,22 @@ class ModelRuntime:
 
     def execute(self, batch: PreparedBatch) -> list[Any]:
         """Outputs per row: classification logits (labels,), or per-token arrays cut to the row's length; or, for a
-        row the model answered NaN or an infinity for, the `NonFiniteOutput` that fails its request."""
+        row the model answered NaN or an infinity for, the `NonFiniteOutput` that fails its request. A batch that
+        starts while no other runs takes the lone session where there is one (every thread)."""
+        with self._running_lock:
+            beside = self._running
+            self._running += 1
+            # Under load the streams' batches overlap, and a lone batch's threads would contend with the next one's:
+            # the lone session only while batches have been starting alone
+            self._overlap += OVERLAP_WEIGHT * ((beside > 0) - self._overlap)
+            alone = beside == 0 and self._overlap < LONE_MAX_OVERLAP
+        try:
+            return self._execute(batch, self.lone_session if alone and self.lone_session is not None else self.session)
+        finally:
+            with self._running_lock:
+                self._running -= 1
+
+    def _execute(self, batch: PreparedBatch, session: ort.InferenceSession) -> list[Any]:
         self.memory.begin()
         try:
             if self.graphs is not None:
@@ -402,7 +433,7 @@ class ModelRuntime:
                 # On CUDA too: one call copies the inputs in, runs and copies the outputs back while the interpreter
                 # lock is let go once. IO binding (bind each input, run, copy out) took it back after every step,
                 # and each time waited for the engine's busy event loop to let go of it.
-                outputs = self.session.run(self.output_names, batch.feed)
+                outputs = session.run(self.output_names, batch.feed)
         finally:
             rows, width = batch.shape
             self.memory.end(large=rows * width >= self.settings.release_memory_min_tokens)
@@ -446,8 +477,14 @@ class ModelRuntime:
         }
         options = ort.RunOptions()
         options.add_run_config_entry(ARENA_SHRINK, "cpu:0")
-        self.session.run(self.output_names, {name: feed[name] for name in self.input_names}, options)
+        for session in self.sessions:
+            session.run(self.output_names, {name: feed[name] for name in self.input_names}, options)
         malloc_trim()
+
+    @property
+    def sessions(self) -> list[ort.InferenceSession]:
+        """The streams' session, and the lone session where there is one."""
+        return [self.session] if self.lone_session is None else [self.session, self.lone_session]
 
     def warm_up_shapes(self) -> list[tuple[int, int]]:
         """The batch shapes warm-up runs: every bucket with shape buckets; else a short and a full-length batch."""
@@ -473,8 +510,10 @@ class ModelRuntime:
         runs = GRAPH_WARM_UP_RUNS if self.graphs is not None else 1
         for rows, width in shapes:
             filler = Row(np.full(width, 1, dtype=np.int64), np.zeros(width, dtype=np.int64))
-            for _ in range(runs):
-                self.run([filler] * rows)
+            batch = self.prepare([filler] * rows)
+            for session in self.sessions:  # both, where a lone batch has a session of its own
+                for _ in range(runs):
+                    self._execute(batch, session)
         return len(shapes)
 
     def drop_graphs(self, exc: BaseException) -> None:

@@ -25,7 +25,7 @@ BUCKETS = {"shape_buckets": "on", "max_batch_size": 8, "max_batch_tokens": 512, 
 
 
 def runtime_for(entry: Path, **settings: object) -> ModelRuntime:
-    return ModelRuntime(entry, ModelConfig.read(entry), Settings(device="cpu", threads=1, **settings))
+    return ModelRuntime(entry, ModelConfig.read(entry), Settings(**{"device": "cpu", "threads": 1, **settings}))
 
 
 def random_rows(count: int, seed: int, max_length: int = 60) -> list[Row]:
@@ -117,14 +117,14 @@ def test_warm_up_runs_every_bucket_on_the_batch_thread_and_batches_stay_in_the_g
     assert runtime is not None and runtime.grid is not None
     shapes: list[tuple[int, int]] = []
     threads: set[str] = set()
-    execute = runtime.execute
+    execute = runtime._execute  # what warm-up and every batch run through, on the session they take
 
-    def recording(batch):
+    def recording(batch, session):
         shapes.append(batch.shape)
         threads.add(threading.current_thread().name)
-        return execute(batch)
+        return execute(batch, session)
 
-    runtime.execute = recording  # type: ignore[method-assign]
+    runtime._execute = recording  # type: ignore[method-assign]
 
     async def scenario() -> None:
         core.start()
@@ -230,3 +230,84 @@ def test_a_row_the_model_answers_nan_for_is_refused_alone(tiny_repository: Path,
         assert got[index].keys() == want[index].keys()
         for name in want[index]:
             np.testing.assert_allclose(got[index][name], want[index][name], atol=1e-5)
+
+
+def test_a_batch_that_starts_alone_takes_the_lone_session_on_every_thread(tiny_repository: Path) -> None:
+    """--cpu-lone-session: a second session on both threads for a batch that starts while none runs, the streams'
+    one-thread session for a batch that starts beside another, and the same answers from either."""
+    entry = tiny_repository / "bert-ner"
+    reference = runtime_for(entry)
+    runtime = runtime_for(entry, threads=2, cpu_streams=2, cpu_lone_session="on")
+    assert runtime.lone_session is not None
+    assert runtime.lone_session.get_session_options().intra_op_num_threads == 2
+    assert runtime.session.get_session_options().intra_op_num_threads == 1
+    assert runtime.placement_report()["lone_session_threads"] == 2
+    used: list[str] = []
+    started, release = threading.Event(), threading.Event()
+    execute = runtime._execute
+
+    def recording(batch, session):
+        used.append("lone" if session is runtime.lone_session else "streams")
+        if len(used) == 1 and not release.is_set():  # the first batch holds on until the second has started beside it
+            started.set()
+            release.wait(10)
+        return execute(batch, session)
+
+    runtime._execute = recording  # type: ignore[method-assign]
+    rows = random_rows(3, seed=7)
+    for want, got in zip(reference.run(rows), runtime.run(rows), strict=True):  # alone: on both threads
+        np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-5)
+    assert used == ["lone"]
+
+    def beside() -> list[str]:
+        """A batch held on its session while another starts; which sessions the two took."""
+        used.clear()
+        release.clear()
+        first = threading.Thread(target=runtime.run, args=(rows,))
+        first.start()
+        assert started.wait(10)
+        second = runtime.run(rows)
+        release.set()
+        first.join(10)
+        started.clear()
+        for want, got in zip(reference.run(rows), second, strict=True):
+            np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-5)
+        return list(used)
+
+    # The share of batches started beside another, after each pair (first alone, second beside it): 0.1, 0.18, 0.25
+    for _ in range(3):
+        assert beside() == ["lone", "streams"]
+    # 0.22 as the next starts: under load a batch that finds none running keeps one thread; after it, 0.30
+    assert beside() == ["streams", "streams"]
+    release.set()
+    used.clear()
+    for _ in range(4):
+        runtime.run(rows)
+    assert used == ["streams", "streams", "streams", "lone"]  # alone again, the share decays: 0.27, 0.24, 0.22, 0.20
+
+
+@pytest.mark.parametrize(
+    "settings", [{"cpu_lone_session": "off"}, {"cpu_lone_session": "on", "cpu_streams": 1}], ids=["off", "one-stream"]
+)
+def test_no_lone_session_where_it_is_off_or_one_stream_has_every_thread(tiny_repository: Path, settings) -> None:
+    runtime = runtime_for(tiny_repository / "bert-classification", **{"threads": 2, **settings})
+    assert runtime.lone_session is None
+    assert runtime.sessions == [runtime.session]
+    assert "lone_session_threads" not in runtime.placement_report()
+
+
+def test_warm_up_runs_every_shape_on_both_sessions(tiny_repository: Path) -> None:
+    runtime = runtime_for(
+        tiny_repository / "bert-classification", threads=2, cpu_streams=2, cpu_lone_session="on", **BUCKETS
+    )
+    ran: list[tuple[int, tuple[int, int]]] = []
+    execute = runtime._execute
+
+    def recording(batch, session):
+        ran.append((id(session), batch.shape))
+        return execute(batch, session)
+
+    runtime._execute = recording  # type: ignore[method-assign]
+    assert runtime.warm_up() == len(runtime.warm_up_shapes())
+    for session in (runtime.session, runtime.lone_session):
+        assert sorted(shape for used, shape in ran if used == id(session)) == sorted(runtime.warm_up_shapes())
