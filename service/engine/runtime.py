@@ -209,7 +209,7 @@ class ModelRuntime:
         self.lone_session: ort.InferenceSession | None = None
         if self.provider == CPU and self.streams > 1 and settings.cpu_lone_session == "on":
             self.lone_session = self._open(self.variant, use_cuda_graphs=False, threads=settings.session_threads)
-        self._running = 0  # batches in `execute` now, on any thread
+        self._running = 0  # batches in `execute` now, on any thread (counted only where there is a lone session)
         self._overlap = 0.0  # running share of the batches that started while another ran
         self._running_lock = threading.Lock()
         # The CPU arena keeps what the largest batch needed: give it back once large batches are over (CPU only).
@@ -411,6 +411,8 @@ class ModelRuntime:
         """Outputs per row: classification logits (labels,), or per-token arrays cut to the row's length; or, for a
         row the model answered NaN or an infinity for, the `NonFiniteOutput` that fails its request. A batch that
         starts while no other runs takes the lone session where there is one (every thread)."""
+        if self.lone_session is None:  # the default, and CUDA: no count of the batches running is needed
+            return self._execute(batch, self.session)
         with self._running_lock:
             beside = self._running
             self._running += 1
@@ -419,7 +421,7 @@ class ModelRuntime:
             self._overlap += OVERLAP_WEIGHT * ((beside > 0) - self._overlap)
             alone = beside == 0 and self._overlap < LONE_MAX_OVERLAP
         try:
-            return self._execute(batch, self.lone_session if alone and self.lone_session is not None else self.session)
+            return self._execute(batch, self.lone_session if alone else self.session)
         finally:
             with self._running_lock:
                 self._running -= 1
