@@ -13,7 +13,7 @@ import multiprocessing
 import queue
 import statistics
 import time
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -175,18 +175,23 @@ def run_load(
     host, port = _host_port(url)
     payloads = _payloads(bodies, sizes)
 
-    async def main() -> LoadResult:
-        result = LoadResult(seconds=seconds)
-        started, cpu = time.perf_counter(), time.process_time()
-        deadline = started + seconds
-        await asyncio.gather(
-            *(_worker(host, port, path, payloads, deadline, result, max_requests) for _ in range(clients))
-        )
-        result.seconds = time.perf_counter() - started
-        result.cpu_seconds = time.process_time() - cpu
-        return result
+    def workers(result: LoadResult, deadline: float) -> list[Coroutine[Any, Any, None]]:
+        return [_worker(host, port, path, payloads, deadline, result, max_requests) for _ in range(clients)]
 
-    return asyncio.run(main())
+    return asyncio.run(_window(seconds, workers))
+
+
+async def _window(
+    seconds: float, workers: Callable[[LoadResult, float], list[Coroutine[Any, Any, None]]]
+) -> LoadResult:
+    """Run the workers (given the result they fill and the deadline) to the end of a `seconds` window; the result
+    gets the window's own wall and CPU seconds."""
+    result = LoadResult(seconds=seconds)
+    started, cpu = time.perf_counter(), time.process_time()
+    await asyncio.gather(*workers(result, started + seconds))
+    result.seconds = time.perf_counter() - started
+    result.cpu_seconds = time.process_time() - cpu
+    return result
 
 
 def _process_load(url: str, path: str, payloads: list, clients: int, seconds: float, barrier, results) -> None:
@@ -197,13 +202,10 @@ def _process_load(url: str, path: str, payloads: list, clients: int, seconds: fl
     async def main() -> LoadResult:
         connections = await asyncio.gather(*(asyncio.open_connection(host, port) for _ in range(clients)))
         barrier.wait(60)  # blocks the loop, which has nothing else to do yet
-        result = LoadResult(seconds=seconds)
-        started, cpu = time.perf_counter(), time.process_time()
-        deadline = started + seconds
-        await asyncio.gather(*(_worker(host, port, path, cycle, deadline, result, None, c) for c in connections))
-        result.seconds = time.perf_counter() - started
-        result.cpu_seconds = time.process_time() - cpu
-        return result
+        return await _window(
+            seconds,
+            lambda result, deadline: [_worker(host, port, path, cycle, deadline, result, None, c) for c in connections],
+        )
 
     try:
         results.put(run_fast(main()))
