@@ -390,7 +390,7 @@ class ModelRuntime:
 
         Whole-array operations, not a loop over rows: this runs for every batch in the engine process, whose one
         interpreter lock also serves every request's frames."""
-        lengths = [len(row) for row in rows]
+        lengths = [len(row.input_ids) for row in rows]  # not len(row): a Python call a row
         count, width = len(rows), max(lengths)
         if self.grid is not None:
             count, width = self.grid.bucket(count, width)

@@ -120,6 +120,31 @@ def test_batches_respect_token_budget_and_size() -> None:
     assert all(padded >= real for _, padded, real in observed)
 
 
+def test_lengths_the_caller_gives_are_the_rows_own_and_must_match_their_count() -> None:
+    """The engine passes an infer frame's lengths rather than ask each row its length: the batches and the token
+    count are those the rows' own lengths make; a list that does not match the rows is refused before queueing."""
+    lengths = [10, 200, 15, 180, 12, 190, 11, 14, 17, 16, 13, 195]
+
+    def scenario(given: bool):
+        async def submit(batcher, runner, observer):
+            request = rows("x", lengths)
+            if given:
+                with pytest.raises(ValueError, match="12 rows, 11 lengths"):
+                    batcher.enqueue(request, Ticket.with_timeout(5), lengths[:-1])
+                assert batcher.queued_rows == 0
+            answer = await batcher.enqueue(request, Ticket.with_timeout(5), lengths if given else None)
+            return answer, [[row.tag for row in batch] for batch in runner.batches], observer.batches
+
+        return submit
+
+    given = run(scenario(True), max_batch_size=4, max_batch_tokens=400)
+    asked = run(scenario(False), max_batch_size=4, max_batch_tokens=400)
+    assert given == asked
+    answer, batches, observed = given
+    assert answer == [f"out:x{i}" for i in range(len(lengths))] and len(batches) > 3
+    assert sum(real for _, _, real in observed) == sum(lengths)
+
+
 def test_many_rows_spread_over_batches_come_back_in_order() -> None:
     async def scenario(batcher, runner, _):
         request = rows("w", [30 - (i % 7) for i in range(40)])
