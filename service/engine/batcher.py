@@ -35,7 +35,7 @@ import operator
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -121,14 +121,13 @@ class _Request:
 class _Item:
     """One queued row. A plain class with slots: the engine makes one per row, tens of thousands a second."""
 
-    __slots__ = ("enqueued", "gone", "index", "length", "request", "row")
+    __slots__ = ("gone", "index", "length", "request", "row")
 
-    def __init__(self, row: Any, length: int, request: _Request, index: int, enqueued: float) -> None:
+    def __init__(self, row: Any, length: int, request: _Request, index: int) -> None:
         self.row = row
         self.length = length
-        self.request = request  # its ticket is the request's
+        self.request = request  # its ticket and the time it was queued are the request's
         self.index = index
-        self.enqueued = enqueued  # time.monotonic()
         self.gone = False  # taken into a batch, or dropped (its request answered, cancelled or past its deadline)
 
 
@@ -289,7 +288,7 @@ class Batcher:
         request = _Request(loop.create_future(), len(rows), ticket, now)
         if ticket.trace is not None:
             request.queued_ns = time.time_ns()
-        items = list(map(_Item, rows, lengths, itertools.repeat(request), itertools.count(), itertools.repeat(now)))
+        items = list(map(_Item, rows, lengths, itertools.repeat(request), itertools.count()))
         self._arrivals.extend(items)
         self._unsorted.extend(items)
         self._queued.add(request)
@@ -382,7 +381,7 @@ class Batcher:
             return None
         return started[0] + self._batch_s - self._lead_s - time.monotonic()
 
-    def _learn_lead(self, run: _DeviceRun, batch: list[_Item]) -> None:
+    def _learn_lead(self, run: _DeviceRun, requests: Iterable[_Request]) -> None:
         """After a batch (one stream), move the lead towards the point where the next batch reaches the device
         thread just as the one before ends: later by how long it waited there, earlier by how long the device
         idled while its rows were queued."""
@@ -390,7 +389,7 @@ class Batcher:
             self._batch_s = run.seconds
         self._batch_s += 0.2 * (run.seconds - self._batch_s)
         previous, self._last_ended = self._last_ended, run.ended
-        if self.streams != 1 or previous is None or min(map(_ENQUEUED, batch)) >= previous:
+        if self.streams != 1 or previous is None or min(map(_ENQUEUED, requests)) >= previous:
             return  # no rows waited while the device was free: nothing to learn
         error = EARLY_TAKE_SLACK_S + (run.started - previous if run.queued > previous else run.queued - previous)
         self._lead_s = min(max(0.0, self._lead_s + 0.25 * error), self._batch_s)
@@ -437,7 +436,7 @@ class Batcher:
         oldest = self._oldest()
         if oldest is None:
             return
-        deadline = oldest.enqueued + self.max_wait_s
+        deadline = oldest.request.enqueued + self.max_wait_s
         while not self._can_fill() and (remaining := deadline - time.monotonic()) > 0:
             self._wakeup.clear()
             try:
@@ -558,12 +557,12 @@ class Batcher:
         """Answer a batch's rows once the device thread has run it."""
         try:
             run: _DeviceRun = await device_run
-            self._learn_lead(run, batch)
+            requests = dict.fromkeys(map(_REQUEST, batch))  # each once: a request's rows were queued at once
+            self._learn_lead(run, requests)
             # The loop may be waiting for a free device: wake it before the rows' answers are queued on this event
             # loop, so that it hands the device its next batch first. Woken after them, it ran only once every
             # answer of the batch had been encoded (~80 at 1-input load on an H100), the device idle meanwhile.
             self._wakeup.set()
-            requests = dict.fromkeys(map(_REQUEST, batch))  # each once: a request's rows were queued at once
             for request in requests:
                 ticket = request.ticket
                 ticket.queue_seconds = max(ticket.queue_seconds, run.started - request.enqueued)

@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bertcore.rows import Row
 from service import probes, tracing
 from service.engine.core import EngineCore
@@ -144,7 +142,10 @@ class EngineServer:
         try:
             lengths: list[int] = header["lengths"]
             runtime, batcher = self.core.serving(str(header["model"]))
-            future = batcher.enqueue(_rows(arrays["input_ids"], arrays["token_type_ids"], lengths), ticket, lengths)
+            ids = frames.split_rows(arrays["input_ids"], lengths)
+            types = frames.split_rows(arrays["token_type_ids"], lengths)
+            rows = [Row(i, t) for i, t in zip(ids, types, strict=True)]
+            future = batcher.enqueue(rows, ticket, lengths)
         except Exception as exc:
             writer.write(self._error(request_id, ticket, exc))
             return
@@ -195,17 +196,6 @@ class EngineServer:
                 REQUEST_ID.reset(token)
             exc = InferenceFailed("inference failed")
         return frames.encode(frames.error_header(request_id, exc))
-
-
-def _rows(ids: np.ndarray, types: np.ndarray, lengths: list[int]) -> list[Row]:
-    """An infer frame's rows: views of its two flat arrays, one slice of each per length, in one pass (the engine
-    does this for every row it is sent)."""
-    rows, start = [], 0
-    for length in lengths:
-        end = start + length
-        rows.append(Row(ids[start:end], types[start:end]))
-        start = end
-    return rows
 
 
 async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -> None:

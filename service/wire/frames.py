@@ -328,8 +328,8 @@ def pack_rows(input_ids: list[np.ndarray], token_type_ids: list[np.ndarray]) -> 
 
 
 def split_rows(flat: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
-    """Views of `flat`, one per length. Plain slices: np.split costs ~20x more, and a front-end does this for every
-    per-token answer (the engine's own split, once a fifth of its main thread at 2k requests/s, is `server._rows`)."""
+    """Views of `flat`, one per length. Plain slices: np.split costs ~20x more, and the engine does this for
+    every request (it was a fifth of the engine's main thread at 2k requests/s)."""
     rows, start = [], 0
     for length in lengths:
         rows.append(flat[start : start + length])
