@@ -72,7 +72,6 @@ from itertools import pairwise
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 from tokenizers import Encoding
 
 from bertcore.rows import Row
@@ -521,21 +520,24 @@ def _collect_window(
     for name, logits in (("start", start_logits), ("end", end_logits)):
         if np.shape(logits) != (length,):
             raise ValueError(f"window {index}: {name} logits have shape {np.shape(logits)}, expected ({length},)")
-    p_start, p_end = _masked_softmax(np.stack((start_logits, end_logits)), candidates)  # one pass for both
+    p_start, p_end = _masked_softmax(np.array((start_logits, end_logits), dtype=np.float32), candidates)
     collector.null_score = min(collector.null_score, float(p_start[0] * p_end[0]))
     p_start[0] = p_end[0] = 0.0
-    encoding = features.encodings[index]
+    chars = _CharSpans(features.encodings[index], params.align_to_words, features.context_sequence)
     for start, end, score in _best_spans(p_start, p_end, candidates, params):
-        char_start, char_end = _char_span(encoding, start, end, params.align_to_words, features.context_sequence)
+        char_start, char_end = chars.span(start, end)
         collector.add(score, char_start, char_end, context)
 
 
 def _masked_softmax(logits: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     """Softmax over the window in float32, non-candidate tokens at logit -10000; of each row where `logits` has
-    several (the same floats, bit for bit, as one row at a time)."""
+    several (the same floats, bit for bit, as one row at a time). The ufuncs are called directly, in place: the
+    array methods' Python wrappers and the temporaries were a third of its time, for the same floats."""
     values = np.where(candidates, np.asarray(logits, dtype=np.float32), MASKED_LOGIT)
-    values = np.exp(values - values.max(axis=-1, keepdims=True))
-    return values / values.sum(axis=-1, keepdims=True)
+    np.subtract(values, np.maximum.reduce(values, axis=-1, keepdims=True), out=values)
+    np.exp(values, out=values)
+    np.divide(values, np.add.reduce(values, axis=-1, keepdims=True), out=values)
+    return values
 
 
 def _best_spans(
@@ -555,22 +557,22 @@ def _best_spans(
         scores[(offsets < 0) | (offsets >= params.max_answer_len)] = 0.0
         flat = scores.ravel()
         order = _top_indices(flat, count)
-        found = order, flat[order]
-    allowed = candidates.copy()
+        found = np.divmod(order, length), flat[order]
+    (starts, ends), chosen = found
+    allowed = candidates.tolist()
     allowed[0] = True  # the pipeline always counts position 0 as a candidate
-    spans = []
-    for flat_index, score in zip(found[0].tolist(), found[1].tolist(), strict=True):
-        start, end = divmod(flat_index, length)
-        if allowed[start] and allowed[end]:
-            spans.append((start, end, score))
-    return spans
+    return [
+        (start, end, score)
+        for start, end, score in zip(starts.tolist(), ends.tolist(), chosen.tolist(), strict=True)
+        if allowed[start] and allowed[end]
+    ]
 
 
 def _top_in_band(
     p_start: np.ndarray, p_end: np.ndarray, max_answer_len: int, count: int
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """The `count` best spans' flat indices (start * length + end), best first, and their scores, from the band
-    of spans 0 <= end - start < max_answer_len alone; None where the band cannot decide them alone.
+) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray] | None:
+    """The `count` best spans' (starts, ends), best first, and their scores, from the band of spans
+    0 <= end - start < max_answer_len alone; None where the band cannot decide them alone.
 
     Every span outside the band scores 0 in the pipeline's matrix, and each score in it is the same float32
     product p_start[s] * p_end[e]. So where the band's `count` best scores are above 0 and its `count + 1` best
@@ -581,9 +583,11 @@ def _top_in_band(
     width = min(max_answer_len, length)
     if count + 1 > length * width:
         return None
-    padded_end = np.concatenate([p_end, np.zeros(width - 1, dtype=p_end.dtype)])
+    padded_end = np.zeros(length + width - 1, dtype=p_end.dtype)
+    padded_end[:length] = p_end
     step = padded_end.strides[0]  # row s of the view: p_end[s], ..., p_end[s + width - 1] (zeros past the end)
-    rows = p_start[:, None] * as_strided(padded_end, (length, width), (step, step), writeable=False)
+    ends_from = np.ndarray((length, width), padded_end.dtype, padded_end, 0, (step, step))  # a view, no copy
+    rows = p_start[:, None] * ends_from
     band = rows.ravel()  # band[s * width + d]: the span (s, s + d)
     chosen = _best_of_band(p_start, rows, count + 1)
     scores = band[chosen]
@@ -591,26 +595,34 @@ def _top_in_band(
     if not best[count - 1] > 0 or not all(higher > lower for higher, lower in pairwise(best)):
         return None
     starts, widths = np.divmod(chosen[:count], width)
-    return starts * length + starts + widths, scores[:count]
+    return (starts, starts + widths), scores[:count]
+
+
+# A band of up to this many spans is searched whole for its best (one selection over it); a larger one (long
+# windows with a long max_answer_len) first through the rows of its likeliest starts (`_best_of_band`)
+WHOLE_BAND_SPANS = 16_384
 
 
 def _best_of_band(p_start: np.ndarray, rows: np.ndarray, count: int) -> np.ndarray:
     """Indices in the band (`rows` raveled: row s holds the spans starting at token s) of `count` of its highest
-    scores, best first: where those are distinct, exactly the `count` highest. Only the scores at least as high as
-    the `count`-th best in the rows of the `count` likeliest starts are sorted: those rows hold `count` scores that
-    high, so the band's `count` highest are among them, and they are a few dozen of the band's thousands (a
-    selection over the whole band was a third of a window's post-processing)."""
+    scores, best first: where those are distinct and above the next, exactly the `count` highest (`_top_in_band`
+    asks for one more than it takes, so the ones it takes are). A band of thousands of spans (the
+    default max_answer_len's) is searched whole: one selection costs less than the numpy calls that would narrow
+    it. In a larger one only the scores at least as high as the `count`-th best in the rows of the `count`
+    likeliest starts are sorted: those rows hold `count` scores that high, so the band's `count` highest are among
+    them, and they are a few dozen of the band's tens of thousands."""
     band = rows.ravel()
-    if len(rows) > count:
+    if band.size > WHOLE_BAND_SPANS and len(rows) > count:
         likeliest = np.argpartition(p_start, len(p_start) - count)[len(p_start) - count :]
         sample = rows[likeliest].ravel()
         floor = np.partition(sample, len(sample) - count)[len(sample) - count]
         if floor > 0:  # else (most of the band scores 0) no fewer to sort: select over the whole band
             above = np.flatnonzero(band >= floor)
             return above[np.argsort(-band[above])[:count]]
-    negated = -band
-    chosen = np.argpartition(negated, count - 1)[:count]
-    return chosen[np.argsort(negated[chosen])]
+    if band.size <= count:
+        return np.argsort(-band)
+    chosen = np.argpartition(band, band.size - count)[band.size - count :]
+    return chosen[np.argsort(-band[chosen])]
 
 
 def _top_indices(flat: np.ndarray, count: int) -> np.ndarray:
@@ -624,15 +636,35 @@ def _top_indices(flat: np.ndarray, count: int) -> np.ndarray:
     return chosen[np.argsort(negated[chosen])]
 
 
-def _char_span(
-    encoding: Encoding, start: int, end: int, align_to_words: bool, sequence: int = CONTEXT_SEQUENCE
-) -> tuple[int, int]:
-    """Character span in the context of tokens start..end (whole words when aligning and both have words)."""
-    if align_to_words:
-        start_word, end_word = encoding.token_to_word(start), encoding.token_to_word(end)
-        if start_word is not None and end_word is not None:
-            first = encoding.word_to_chars(start_word, sequence)
-            last = encoding.word_to_chars(end_word, sequence)
+class _CharSpans:
+    """A window's spans of tokens as characters of the context (`span`): with `align_to_words` the start of the
+    first token's word to the end of the last token's word where both tokens have one, else the tokens' own
+    offsets. A window's best spans share a few tokens, so each token's word is looked up once."""
+
+    __slots__ = ("_align", "_encoding", "_offsets", "_sequence", "_words")
+
+    def __init__(self, encoding: Encoding, align_to_words: bool, sequence: int = CONTEXT_SEQUENCE) -> None:
+        self._encoding = encoding
+        self._align = align_to_words
+        self._sequence = sequence
+        self._words: dict[int, tuple[int, int] | None] = {}  # token -> its word's characters (None: no word)
+        self._offsets: list[tuple[int, int]] | None = None  # the encoding's, fetched where first needed
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        if self._align:
+            first, last = self._word_chars(start), self._word_chars(end)
             if first is not None and last is not None:
                 return first[0], last[1]
-    return encoding.offsets[start][0], encoding.offsets[end][1]
+        offsets = self._offsets
+        if offsets is None:
+            offsets = self._offsets = self._encoding.offsets  # a new list at each access
+        return offsets[start][0], offsets[end][1]
+
+    def _word_chars(self, token: int) -> tuple[int, int] | None:
+        words = self._words
+        if token in words:
+            return words[token]
+        word = self._encoding.token_to_word(token)
+        chars = None if word is None else self._encoding.word_to_chars(word, self._sequence)
+        words[token] = chars
+        return chars
