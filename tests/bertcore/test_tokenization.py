@@ -1,14 +1,17 @@
-"""The thread-local tokenizer keeps its truncation between calls: a call must never see another call's settings."""
+"""The thread-local tokenizer keeps its truncation between calls: a call must never see another call's settings; plain
+ASCII text is encoded by a twin that encodes it as the tokenizer itself does."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
-from bertcore.tokenization import TextTokenizer
+from bertcore import tokenization
+from bertcore.tokenization import TextTokenizer, plain_ascii
 from tests.tiny_models import FAMILIES, make_tokenizer
 
 TEXT = "Angela Merkel met Emmanuel Macron in Paris on 14 June 2019, then flew to New York. " * 6
@@ -72,3 +75,80 @@ def test_encodings_without_offsets_have_the_same_ids(arch: str) -> None:
         assert [(e.ids, e.type_ids, e.attention_mask) for e in fast] == [
             (e.ids, e.type_ids, e.attention_mask) for e in full
         ], (arch, items)
+
+
+# Plain ASCII of both cases, then every ASCII character that is not a letter or a digit inside words (controls
+# among them: a text holding one is not plain and goes to the tokenizer itself), tabs and line breaks between words
+PLAIN = ["A Gorgeous MOVIE, isn't it?", "Tabs\tand\nnew lines\r\nand   spaces [SEP] [MASK] <s>", "x" * 40]
+EVERY_ASCII = [f"Word{chr(code)}WORD and{chr(code)} {chr(code)}next" for code in range(128) if not chr(code).isalnum()]
+
+
+def library_encodings(library: Tokenizer, items: list, max_length: int | None = None, stride: int = 0) -> list:
+    """What tokenizer.json's own tokenizer makes of each item: ids, types, offsets, words, sequences (the windows
+    too, with max_length)."""
+    found = []
+    for item in items:
+        text, pair = (item, None) if isinstance(item, str) else item
+        if max_length is None:
+            library.no_truncation()
+        else:
+            library.enable_truncation(max_length, stride=stride, strategy="longest_first", direction="right")
+        encoding = library.encode(text, pair)
+        found.append([described(window) for window in [encoding, *encoding.overflowing]])
+    return found
+
+
+def described(encoding: Encoding) -> tuple:
+    return (encoding.ids, encoding.type_ids, encoding.offsets, encoding.word_ids, encoding.sequence_ids)
+
+
+@pytest.mark.parametrize("arch", ALL_FAMILIES)
+def test_plain_ascii_text_encodes_as_the_tokenizer_itself_encodes_it(arch: str) -> None:
+    """WordPiece families (BertNormalizer) encode plain ASCII text with a twin whose normalizer only lowercases:
+    for every family, plain or not (control characters, accents, CJK), one text, pairs, windows and batches that
+    mix both kinds (back in order), the very encodings tokenizer.json's own tokenizer makes."""
+    library = make_tokenizer(arch)
+    tokenizer = TextTokenizer(library.backend_tokenizer.to_str(), pad_token_id=library.pad_token_id or 0)
+    own = Tokenizer.from_str(library.backend_tokenizer.to_str())
+    own.no_padding()
+    assert tokenizer.has_plain_ascii_twin == (arch in ("bert", "distilbert", "electra", "ernie", "mobilebert"))
+    mixed = ["naïve Café in 東京", *PLAIN, *EVERY_ASCII]
+    items: list = [*mixed, *zip(PLAIN, reversed(mixed), strict=False), (PLAIN[0], EVERY_ASCII[0])]
+    assert any(plain_ascii(text) for text in mixed) and not all(plain_ascii(text) for text in mixed)
+    assert [[described(e) for e in tokenizer.encode(*_pair(item))] for item in items] == library_encodings(own, items)
+    assert [[described(e) for e in tokenizer.encode(*_pair(item), max_length=12, stride=3)] for item in items] == (
+        library_encodings(own, items, max_length=12, stride=3)
+    )
+    own.no_truncation()
+    assert [[described(e)] for e in tokenizer.encode_batch(items)] == library_encodings(own, items)
+    without_offsets = [(e.ids, e.type_ids) for e in tokenizer.encode_batch(items, offsets=False)]
+    assert without_offsets == [(e.ids, e.type_ids) for e in own.encode_batch_fast(items)]
+
+
+def _pair(item: str | tuple[str, str]) -> tuple[str, str | None]:
+    return (item, None) if isinstance(item, str) else item
+
+
+def test_plain_ascii_is_ascii_without_control_characters() -> None:
+    assert plain_ascii("Plain, ASCII: 100% [ok]\ttabs\nand\r\nbreaks")
+    assert plain_ascii("")
+    for code in [*range(0, 9), 11, 12, *range(14, 32), 127]:
+        assert not plain_ascii(f"a{chr(code)}b"), code
+    assert not plain_ascii("café")
+    assert not plain_ascii("non\u00a0breaking")
+
+
+def test_a_twin_that_would_encode_otherwise_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The twin is checked against the tokenizer on probes before it serves: a cased WordPiece tokenizer given a
+    lowercasing twin (what a wrong derivation would make) keeps its own tokenizer for every text."""
+    library = make_tokenizer("bert")
+    config = json.loads(library.backend_tokenizer.to_str())
+    config["normalizer"]["lowercase"] = False
+    cased = json.dumps(config)
+    assert TextTokenizer(cased, pad_token_id=0).has_plain_ascii_twin  # its own twin keeps case: it agrees
+    lowercasing = json.dumps({**config, "normalizer": {"type": "Lowercase"}})
+    monkeypatch.setattr(tokenization, "_plain_ascii_twin", lambda tokenizer_json: lowercasing)
+    tokenizer = TextTokenizer(cased, pad_token_id=0)
+    assert not tokenizer.has_plain_ascii_twin
+    own = Tokenizer.from_str(cased)
+    assert tokenizer.encode("Hello World")[0].ids == own.encode("Hello World").ids
