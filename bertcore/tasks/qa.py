@@ -388,10 +388,15 @@ def prepare(
         encodings = window_plan.encodings
     else:
         encodings = _encode(tokenizer, question, context, max_length=max_seq_len, stride=doc_stride)
+    rows = [Row.from_encoding(encoding) for encoding in encodings]
+    every_token = context_first(tokenizer)
     return QaFeatures(
-        rows=[Row.from_encoding(encoding) for encoding in encodings],
+        rows=rows,
         encodings=encodings,
-        candidates=[_candidate_tokens(encoding, context_first(tokenizer)) for encoding in encodings],
+        candidates=[
+            _candidate_tokens(encoding, every_token, row.input_ids)
+            for encoding, row in zip(encodings, rows, strict=True)
+        ],
         max_seq_len=max_seq_len,
         doc_stride=doc_stride,
         context_sequence=_context_sequence(tokenizer),
@@ -437,15 +442,29 @@ def _encode(
     return tokenizer.encode(question, context, max_length=max_length, stride=stride, strategy="only_second")
 
 
-def _candidate_tokens(encoding: Encoding, every_token: bool = False) -> np.ndarray:
+def _candidate_tokens(encoding: Encoding, every_token: bool = False, ids: np.ndarray | None = None) -> np.ndarray:
     """Context tokens, and every token holding the CLS id (the special token the template puts first); every
-    token where the context comes first (the pipeline's p_mask is all zeros there)."""
+    token where the context comes first (the pipeline's p_mask is all zeros there). `ids`: the encoding's ids as an
+    array, where made already (its row's).
+
+    The context's tokens are one run in a pair's encoding (the template puts the second sequence in one piece):
+    marked as a slice, found from the sequence ids' first and last context token; a list of sequence ids where they
+    are not one run is read token by token."""
+    length = len(encoding)
     if every_token:
-        return np.ones(len(encoding.ids), dtype=bool)
-    candidates = np.array(encoding.sequence_ids, dtype=np.float32) == CONTEXT_SEQUENCE  # None (special): NaN
-    ids = encoding.ids  # a new list at each access
-    if ids and encoding.special_tokens_mask[0] == 1:
-        candidates |= np.asarray(ids) == ids[0]
+        return np.ones(length, dtype=bool)
+    sequences = encoding.sequence_ids  # a new list at each access; None for special tokens
+    candidates = np.zeros(length, dtype=bool)
+    inside = sequences.count(CONTEXT_SEQUENCE)
+    if inside:
+        first = sequences.index(CONTEXT_SEQUENCE)
+        if sequences[first : first + inside].count(CONTEXT_SEQUENCE) == inside:
+            candidates[first : first + inside] = True
+        else:
+            candidates = np.array([sequence == CONTEXT_SEQUENCE for sequence in sequences], dtype=bool)
+    if length and encoding.special_tokens_mask[0] == 1:
+        ids = np.asarray(encoding.ids) if ids is None else ids
+        candidates |= ids == ids[0]
     return candidates
 
 
