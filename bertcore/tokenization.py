@@ -4,9 +4,9 @@
 request (QA's max_seq_len and doc_stride, NER's window stride). Each thread gets its own copy, so setting
 truncation for one call never races with another thread's encode.
 
-Plain ASCII text (`plain_ascii`) of a WordPiece model goes to a twin of its tokenizer whose normalizer only
-lowercases: BertNormalizer's unicode work changes nothing in such text, and was ~30% of encoding it. The twin is
-checked against the tokenizer on probes before it serves; the encodings are the same (ids, offsets, words).
+Plain ASCII text (`plain_ascii`) of a WordPiece model is encoded with the tokenizer's normalizer swapped for the
+lowercasing it comes to on such text: BertNormalizer's unicode work changes nothing there, and was ~28% of encoding
+it. The swap is checked on probes when the tokenizer loads; the encodings are the same (ids, offsets, words).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Tokenizer, normalizers
 
 TruncationStrategy = Literal["longest_first", "only_first", "only_second"]
 # A text (or pair) this short is encoded holding the GIL (`Tokenizer.encode`: tens of microseconds), not through
@@ -27,14 +27,16 @@ TruncationStrategy = Literal["longest_first", "only_first", "only_second"]
 SHORT_CHARS = 1000
 # Control characters besides tab, newline and carriage return: BertNormalizer (clean_text) drops them.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-# What the tokenizer and its plain-ASCII twin must encode alike, checked once per tokenizer before the twin serves:
-# upper and lower case, digits, punctuation, contractions, whitespace of every kind BertNormalizer maps to a space,
-# special tokens' text, a URL
-_TWIN_PROBES = (
+# What the tokenizer must encode alike with either normalizer, checked once per tokenizer before the plain one
+# serves: upper and lower case, digits, punctuation, contractions, whitespace of every kind BertNormalizer maps to a
+# space, special tokens' text, a URL
+_PLAIN_PROBES = (
     ("Hello, World! It's 3.14 o'clock -- [CLS] [SEP] [MASK] <s> </s> [UNK]", None),
     ("Tabs\tand\nnew lines\r\nand   spaces; e-mail: a.b@c.org, https://x.y/z?q=1&r=2#s", "A PAIR: (with) {braces}"),
     ("MiXeD CaSe WoRdS and CamelCaseIdentifiers_with_underscores 1,000,000 $5.99 50% #hash", "~`^|\\/<>=+*"),
 )
+# Makes the normalizer that plain ASCII text is encoded with (None: no normalizer at all)
+PlainNormalizer = Callable[[], Any]
 
 
 def plain_ascii(text: str) -> bool:
@@ -51,18 +53,19 @@ def _described(encoding: Encoding) -> tuple:
     return encoding.ids, encoding.type_ids, encoding.offsets, encoding.word_ids, encoding.sequence_ids
 
 
-def _plain_ascii_twin(tokenizer_json: str) -> str | None:
-    """The tokenizer.json of the same tokenizer for plain-ASCII text (`plain_ascii`), where its normalizer is
-    BertNormalizer: that normalizer replaced by the lowercasing it comes to on such text (none where it keeps case).
-    Its unicode work (cleaning, accents stripped through NFD, spaces around CJK characters, each with the character
-    alignments that offsets need) was ~30% of encoding an English sentence, and changes nothing there. None for
-    every other normalizer."""
-    config = json.loads(tokenizer_json)
-    normalizer = config.get("normalizer")
+def _no_normalizer() -> None:
+    return None
+
+
+def _plain_ascii_normalizer(tokenizer_json: str) -> PlainNormalizer | None:
+    """What plain-ASCII text (`plain_ascii`) may be normalized with instead, where the tokenizer's normalizer is
+    BertNormalizer: the lowercasing it comes to on such text (nothing where it keeps case). Its unicode work
+    (cleaning, accents stripped through NFD, spaces around CJK characters, each with the character alignments that
+    offsets need) changes nothing there. None for every other normalizer."""
+    normalizer = json.loads(tokenizer_json).get("normalizer")
     if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
         return None
-    config["normalizer"] = {"type": "Lowercase"} if normalizer.get("lowercase", True) else None
-    return json.dumps(config)
+    return normalizers.Lowercase if normalizer.get("lowercase", True) else _no_normalizer
 
 
 class TextTokenizer:
@@ -75,64 +78,61 @@ class TextTokenizer:
         self.max_token_id = max(loaded.get_vocab(with_added_tokens=True).values(), default=-1)
         self.pad_token_id = pad_token_id
         self._local = threading.local()
-        # Plain-ASCII text is encoded by a twin whose normalizer only lowercases, where that gives the same
-        # encodings (checked here on probes that cover what the full normalizer would change)
-        self._twin_json = _plain_ascii_twin(tokenizer_json)
-        if self._twin_json is not None and not self._twin_agrees(loaded, Tokenizer.from_str(self._twin_json)):
-            self._twin_json = None
+        # Plain-ASCII text is encoded with a normalizer that only lowercases, where that gives the same encodings
+        # (checked here on probes that cover what the full normalizer would change)
+        self._plain_normalizer = _plain_ascii_normalizer(tokenizer_json)
+        if self._plain_normalizer is not None and not self._plain_agrees(loaded, self._plain_normalizer):
+            self._plain_normalizer = None
 
     @classmethod
     def load(cls, path: Path, pad_token_id: int, padding_side: str = "right") -> TextTokenizer:
         return cls(path.read_text(encoding="utf-8"), pad_token_id, padding_side)
 
     @property
-    def has_plain_ascii_twin(self) -> bool:
-        return self._twin_json is not None
+    def normalizes_plain_ascii_lightly(self) -> bool:
+        """Whether plain-ASCII text skips the tokenizer's own normalizer for plain lowercasing (or none)."""
+        return self._plain_normalizer is not None
 
     @staticmethod
-    def _twin_agrees(tokenizer: Tokenizer, twin: Tokenizer) -> bool:
-        for one in (tokenizer, twin):
-            one.no_padding()
-            one.no_truncation()
-        return all(
-            _described(tokenizer.encode(text, pair)) == _described(twin.encode(text, pair))
-            for text, pair in _TWIN_PROBES
-        )
+    def _plain_agrees(tokenizer: Tokenizer, plain_normalizer: PlainNormalizer) -> bool:
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        full = [_described(tokenizer.encode(text, pair)) for text, pair in _PLAIN_PROBES]
+        tokenizer.normalizer = plain_normalizer()
+        return full == [_described(tokenizer.encode(text, pair)) for text, pair in _PLAIN_PROBES]
 
     def _tokenizer(self) -> Tokenizer:
-        """This thread's tokenizer (not its twin), truncating as its last call asked."""
-        return self._thread_tokenizer(False)
-
-    def _thread_tokenizer(self, twin: bool) -> Tokenizer:
-        """This thread's copy of the tokenizer, or (`twin`) of its plain-ASCII twin."""
+        """This thread's copy of the tokenizer (its normalizer and truncation as its last call asked)."""
         local = self._local
-        tokenizers: dict[bool, Tokenizer] | None = getattr(local, "tokenizers", None)
-        if tokenizers is None:
-            tokenizers = local.tokenizers = {}
-            local.truncations = {}
-        tokenizer = tokenizers.get(twin)
+        tokenizer = getattr(local, "tokenizer", None)
         if tokenizer is None:
-            tokenizer = Tokenizer.from_str(self._twin_json if twin else self._json)  # type: ignore[arg-type]
+            tokenizer = Tokenizer.from_str(self._json)
             tokenizer.no_padding()
             tokenizer.no_truncation()
-            tokenizers[twin] = tokenizer
-            local.truncations[twin] = None
+            local.tokenizer = tokenizer
+            local.truncation = None
+            local.own_normalizer = tokenizer.normalizer
+            local.plain_normalizer = None if self._plain_normalizer is None else self._plain_normalizer()
+            local.plain = False
         return tokenizer
 
     def _truncating(self, truncation: tuple[int, int, TruncationStrategy] | None, plain: bool = False) -> Tokenizer:
-        """This thread's tokenizer (`plain`: for plain-ASCII text, its twin where it has one), truncating as asked
-        (max_length, stride, strategy) or not at all (None); set only where the tokenizer's last call asked
-        otherwise (most calls of a model ask the same)."""
-        twin = plain and self._twin_json is not None
-        tokenizer = self._thread_tokenizer(twin)
-        truncations = self._local.truncations
-        if truncations[twin] != truncation:
+        """This thread's tokenizer, normalizing as `plain` says (plain-ASCII text: lightly, where it may) and
+        truncating as asked (max_length, stride, strategy) or not at all (None); each set only where the thread's
+        last call asked otherwise (most calls of a model ask the same; a swap of normalizer costs a few µs)."""
+        tokenizer = self._tokenizer()
+        local = self._local
+        plain = plain and self._plain_normalizer is not None
+        if local.plain != plain:
+            tokenizer.normalizer = local.plain_normalizer if plain else local.own_normalizer
+            local.plain = plain
+        if local.truncation != truncation:
             if truncation is None:
                 tokenizer.no_truncation()
             else:
                 max_length, stride, strategy = truncation
                 tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy, direction="right")
-            truncations[twin] = truncation
+            local.truncation = truncation
         return tokenizer
 
     def encode(
@@ -166,9 +166,9 @@ class TextTokenizer:
             if len(text) + len(pair or "") <= SHORT_CHARS:
                 return [self._truncating(None, _plain(text, pair)).encode(text, pair)]
         kinds = [_plain(item, None) if isinstance(item, str) else _plain(*item) for item in items]
-        if all(kinds) or not any(kinds) or self._twin_json is None:
+        if all(kinds) or not any(kinds) or self._plain_normalizer is None:
             return self._batch(list(items), all(kinds), offsets)
-        # Some plain, some not: each kind by its own tokenizer, back in the items' order
+        # Some plain, some not: each kind normalized its own way, back in the items' order
         encodings: list[Encoding | None] = [None] * len(items)
         for kind in (True, False):
             chosen = [i for i, plain in enumerate(kinds) if plain is kind]

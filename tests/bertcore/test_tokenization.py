@@ -1,5 +1,5 @@
 """The thread-local tokenizer keeps its truncation between calls: a call must never see another call's settings; plain
-ASCII text is encoded by a twin that encodes it as the tokenizer itself does."""
+ASCII text is normalized lightly (lowercasing only), and encodes as the tokenizer itself encodes it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Tokenizer, normalizers
 
 from bertcore import tokenization
 from bertcore.tokenization import TextTokenizer, plain_ascii
@@ -104,14 +104,16 @@ def described(encoding: Encoding) -> tuple:
 
 @pytest.mark.parametrize("arch", ALL_FAMILIES)
 def test_plain_ascii_text_encodes_as_the_tokenizer_itself_encodes_it(arch: str) -> None:
-    """WordPiece families (BertNormalizer) encode plain ASCII text with a twin whose normalizer only lowercases:
-    for every family, plain or not (control characters, accents, CJK), one text, pairs, windows and batches that
+    """WordPiece families (BertNormalizer) encode plain ASCII text with a normalizer that only lowercases: for
+    every family, plain or not (control characters, accents, CJK), one text, pairs, windows and batches that
     mix both kinds (back in order), the very encodings tokenizer.json's own tokenizer makes."""
     library = make_tokenizer(arch)
     tokenizer = TextTokenizer(library.backend_tokenizer.to_str(), pad_token_id=library.pad_token_id or 0)
     own = Tokenizer.from_str(library.backend_tokenizer.to_str())
     own.no_padding()
-    assert tokenizer.has_plain_ascii_twin == (arch in ("bert", "distilbert", "electra", "ernie", "mobilebert"))
+    assert tokenizer.normalizes_plain_ascii_lightly == (
+        arch in ("bert", "distilbert", "electra", "ernie", "mobilebert")
+    )
     mixed = ["naïve Café in 東京", *PLAIN, *EVERY_ASCII]
     items: list = [*mixed, *zip(PLAIN, reversed(mixed), strict=False), (PLAIN[0], EVERY_ASCII[0])]
     assert any(plain_ascii(text) for text in mixed) and not all(plain_ascii(text) for text in mixed)
@@ -138,17 +140,20 @@ def test_plain_ascii_is_ascii_without_control_characters() -> None:
     assert not plain_ascii("non\u00a0breaking")
 
 
-def test_a_twin_that_would_encode_otherwise_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The twin is checked against the tokenizer on probes before it serves: a cased WordPiece tokenizer given a
-    lowercasing twin (what a wrong derivation would make) keeps its own tokenizer for every text."""
+def test_a_light_normalizer_that_would_encode_otherwise_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The light normalizer is checked against the tokenizer's own on probes before it serves: a cased WordPiece
+    tokenizer given lowercasing (what a wrong derivation would give it) keeps its own normalizer for every text."""
     library = make_tokenizer("bert")
     config = json.loads(library.backend_tokenizer.to_str())
     config["normalizer"]["lowercase"] = False
     cased = json.dumps(config)
-    assert TextTokenizer(cased, pad_token_id=0).has_plain_ascii_twin  # its own twin keeps case: it agrees
-    lowercasing = json.dumps({**config, "normalizer": {"type": "Lowercase"}})
-    monkeypatch.setattr(tokenization, "_plain_ascii_twin", lambda tokenizer_json: lowercasing)
+    assert TextTokenizer(cased, pad_token_id=0).normalizes_plain_ascii_lightly  # none at all: it agrees
+    monkeypatch.setattr(tokenization, "_plain_ascii_normalizer", lambda tokenizer_json: normalizers.Lowercase)
     tokenizer = TextTokenizer(cased, pad_token_id=0)
-    assert not tokenizer.has_plain_ascii_twin
+    assert not tokenizer.normalizes_plain_ascii_lightly
     own = Tokenizer.from_str(cased)
     assert tokenizer.encode("Hello World")[0].ids == own.encode("Hello World").ids
+    assert (
+        tokenizer.encode("Hello World")[0].ids
+        != Tokenizer.from_str(json.dumps({**config, "normalizer": {"type": "Lowercase"}})).encode("Hello World").ids
+    )
