@@ -116,13 +116,17 @@ class TextTokenizer:
             local.plain = False
         return tokenizer
 
+    def _light(self, text: str, pair: str | None = None) -> bool:
+        """Whether this text (or pair) is normalized lightly: plain ASCII, and a tokenizer that may (the check is
+        not made for one that may not)."""
+        return self._plain_normalizer is not None and _plain(text, pair)
+
     def _truncating(self, truncation: tuple[int, int, TruncationStrategy] | None, plain: bool = False) -> Tokenizer:
-        """This thread's tokenizer, normalizing as `plain` says (plain-ASCII text: lightly, where it may) and
+        """This thread's tokenizer, normalizing as `plain` says (lightly: `_light` text) and
         truncating as asked (max_length, stride, strategy) or not at all (None); each set only where the thread's
         last call asked otherwise (most calls of a model ask the same; a swap of normalizer costs a few µs)."""
         tokenizer = self._tokenizer()
         local = self._local
-        plain = plain and self._plain_normalizer is not None
         if local.plain != plain:
             tokenizer.normalizer = local.plain_normalizer if plain else local.own_normalizer
             local.plain = plain
@@ -150,7 +154,9 @@ class TextTokenizer:
         Windows are made the way transformers' fast tokenizers make them with `return_overflowing_tokens=True`
         (the tokenizers library's truncation with `stride` tokens of overlap).
         """
-        tokenizer = self._truncating(None if max_length is None else (max_length, stride, strategy), _plain(text, pair))
+        tokenizer = self._truncating(
+            None if max_length is None else (max_length, stride, strategy), self._light(text, pair)
+        )
         encoding = tokenizer.encode(text, pair, add_special_tokens=add_special_tokens)
         return [encoding, *encoding.overflowing] if max_length is not None else [encoding]
 
@@ -164,9 +170,11 @@ class TextTokenizer:
         if len(items) == 1:  # one short text: `encode`, without the batch's machinery, costs ~15% less
             text, pair = (items[0], None) if isinstance(items[0], str) else items[0]
             if len(text) + len(pair or "") <= SHORT_CHARS:
-                return [self._truncating(None, _plain(text, pair)).encode(text, pair)]
+                return [self._truncating(None, self._light(text, pair)).encode(text, pair)]
+        if self._plain_normalizer is None:
+            return self._batch(list(items), False, offsets)
         kinds = [_plain(item, None) if isinstance(item, str) else _plain(*item) for item in items]
-        if all(kinds) or not any(kinds) or self._plain_normalizer is None:
+        if all(kinds) or not any(kinds):
             return self._batch(list(items), all(kinds), offsets)
         # Some plain, some not: each kind normalized its own way, back in the items' order
         encodings: list[Encoding | None] = [None] * len(items)

@@ -638,8 +638,6 @@ def _best_of_band(p_start: np.ndarray, rows: np.ndarray, count: int) -> np.ndarr
         if floor > 0:  # else (most of the band scores 0) no fewer to sort: select over the whole band
             above = np.flatnonzero(band >= floor)
             return above[np.argsort(-band[above])[:count]]
-    if band.size <= count:
-        return np.argsort(-band)
     chosen = np.argpartition(band, band.size - count)[band.size - count :]
     return chosen[np.argsort(-band[chosen])]
 
