@@ -10,6 +10,8 @@ import numpy as np
 if TYPE_CHECKING:  # the engine takes rows and never loads a tokenizer
     from tokenizers import Encoding
 
+    from bertcore.plain_wordpiece import TokenIds
+
 
 @dataclass(slots=True, eq=False)
 class Row:
@@ -23,7 +25,7 @@ class Row:
     token_type_ids: np.ndarray  # int64, shape (length,)
 
     @classmethod
-    def from_encoding(cls, encoding: Encoding) -> Row:
+    def from_encoding(cls, encoding: Encoding | TokenIds) -> Row:
         return cls(np.asarray(encoding.ids, dtype=np.int64), np.asarray(encoding.type_ids, dtype=np.int64))
 
     def __len__(self) -> int:

@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from tokenizers import Encoding, Tokenizer, normalizers
 
+from bertcore.plain_wordpiece import PlainWordPiece, TokenIds
+
 TruncationStrategy = Literal["longest_first", "only_first", "only_second"]
 # A text (or pair) this short is encoded holding the GIL (`Tokenizer.encode`: tens of microseconds), not through
 # `encode_batch`, which lets go of the GIL for longer work but costs more for one short text.
@@ -83,6 +85,13 @@ class TextTokenizer:
         self._plain_normalizer = _plain_ascii_normalizer(tokenizer_json)
         if self._plain_normalizer is not None and not self._plain_agrees(loaded, self._plain_normalizer):
             self._plain_normalizer = None
+        # ... and where only ids are asked for (`encode_ids_batch`), a BERT pipeline's are made without the library
+        self._plain_ids = None
+        if self._plain_normalizer is not None:
+            own = Tokenizer.from_str(self._json)
+            own.no_padding()
+            own.no_truncation()
+            self._plain_ids = PlainWordPiece.of(self._json, own, self._plain_normalizer is normalizers.Lowercase)
 
     @classmethod
     def load(cls, path: Path, pad_token_id: int, padding_side: str = "right") -> TextTokenizer:
@@ -92,6 +101,15 @@ class TextTokenizer:
     def normalizes_plain_ascii_lightly(self) -> bool:
         """Whether plain-ASCII text skips the tokenizer's own normalizer for plain lowercasing (or none)."""
         return self._plain_normalizer is not None
+
+    @property
+    def makes_plain_ids(self) -> bool:
+        """Whether `encode_ids_batch` makes plain-ASCII text's ids itself (`PlainWordPiece`)."""
+        return self._plain_ids is not None
+
+    @property
+    def plain_words_remembered(self) -> int:
+        return 0 if self._plain_ids is None else self._plain_ids.words_remembered
 
     @staticmethod
     def _plain_agrees(tokenizer: Tokenizer, plain_normalizer: PlainNormalizer) -> bool:
@@ -182,6 +200,27 @@ class TextTokenizer:
             chosen = [i for i, plain in enumerate(kinds) if plain is kind]
             for i, encoding in zip(chosen, self._batch([items[i] for i in chosen], kind, offsets), strict=True):
                 encodings[i] = encoding
+        return encodings  # type: ignore[return-value]
+
+    def encode_ids_batch(self, items: Sequence[str | tuple[str, str]]) -> list[Encoding | TokenIds]:
+        """The ids and type ids of many texts (or pairs), untruncated, for tasks that never map a token back to the
+        text: plain ASCII items of a BERT tokenizer through `PlainWordPiece` (~7 against ~35-45 µs an SST-2
+        sentence), the rest as `encode_batch(offsets=False)` encodes them."""
+        plain_ids = self._plain_ids
+        if plain_ids is None:
+            return list(self.encode_batch(items, offsets=False))
+        encodings: list[Encoding | TokenIds | None] = []
+        rest: list[int] = []
+        for index, item in enumerate(items):
+            text, pair = (item, None) if isinstance(item, str) else item
+            encoding = plain_ids.ids(text, pair) if _plain(text, pair) else None
+            if encoding is None:
+                rest.append(index)
+            encodings.append(encoding)
+        if rest:
+            encoded = self.encode_batch([items[i] for i in rest], offsets=False)
+            for index, library_encoding in zip(rest, encoded, strict=True):
+                encodings[index] = library_encoding
         return encodings  # type: ignore[return-value]
 
     def _batch(self, items: list[str | tuple[str, str]], plain: bool, offsets: bool) -> list[Encoding]:

@@ -21,7 +21,7 @@ FUNCTIONS = ("softmax", "sigmoid", "none")
 
 def prepare(tokenizer: TextTokenizer, inputs: list[TextInput], max_length: int, truncate: bool) -> list[Row]:
     rows = []
-    encodings = tokenizer.encode_batch(inputs, offsets=False)  # a row is its ids: no token maps back to the text
+    encodings = tokenizer.encode_ids_batch(inputs)  # a row is its ids: no token maps back to the text
     for index, (item, encoding) in enumerate(zip(inputs, encodings, strict=True)):
         text, pair = (item, None) if isinstance(item, str) else item
         if len(encoding.ids) > max_length:

@@ -1,0 +1,158 @@
+"""Ids of plain ASCII text made without the tokenizers library (a BERT pipeline's only) are the library's ids and
+type ids, for every family, text, pair and template; what might differ goes to the library."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from tokenizers import Encoding, Tokenizer
+
+from benchmarks.realdata import shared_available, squad, sst2
+from bertcore import plain_wordpiece
+from bertcore.plain_wordpiece import PlainWordPiece, TokenIds
+from bertcore.tokenization import TextTokenizer, plain_ascii
+from tests.tiny_models import FAMILIES, make_tokenizer
+
+ALL_FAMILIES = ("bert", "distilbert", "roberta", "albert", *FAMILIES)
+WORDPIECE = ("bert", "distilbert", "electra", "ernie", "mobilebert")
+PLAIN = [
+    "A Gorgeous MOVIE, isn't it?",
+    "Tabs\tand\nnew lines\r\nand   spaces",
+    "",
+    "   ",
+    "!!!",
+    "x" * 40,
+    "unaffable" * 12,  # over WordPiece's 100 characters a word: one unknown token
+    "e-mail a.b@c.org, https://x.y/z?q=1&r=2#s 1,000,000 $5.99 50% ~`^|\\/<>=+*_{}",
+    *[f"Word{chr(code)}WORD and{chr(code)} {chr(code)}next" for code in range(32, 127) if not chr(code).isalnum()],
+]
+# An added token's content (any case), a part of one, text the library must normalize (accents, CJK, controls)
+OTHER = ["a [SEP] b", "[sep] in lower case", "[CLS", "<s> and </s>", "naïve café", "東京 to Paris", "bell\x07"]
+
+
+def library_ids(tokenizer_json: str, items: list) -> list[tuple[list[int], list[int]]]:
+    library = Tokenizer.from_str(tokenizer_json)
+    library.no_padding()
+    library.no_truncation()
+    # encode_batch, as transformers' fast tokenizers call it (encode_batch_fast gives a pair's second part segment 0
+    # where a tokenizer has no post-processor; every family's has one)
+    return [(encoding.ids, encoding.type_ids) for encoding in library.encode_batch(items)]
+
+
+def pairs_of(texts: list[str]) -> list[tuple[str, str]]:
+    return list(zip(texts, reversed(texts), strict=True))
+
+
+@pytest.mark.parametrize("arch", ALL_FAMILIES)
+def test_ids_are_the_librarys_for_every_family_and_only_plain_text_skips_it(arch: str) -> None:
+    tokenizer_json = make_tokenizer(arch).backend_tokenizer.to_str()
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    items: list = [*PLAIN, *OTHER, *pairs_of(PLAIN), *pairs_of(OTHER), (PLAIN[0], OTHER[0]), (OTHER[4], PLAIN[0])]
+    got = tokenizer.encode_ids_batch(items)
+    assert [(encoding.ids, encoding.type_ids) for encoding in got] == library_ids(tokenizer_json, items)
+    assert tokenizer.makes_plain_ids == (arch in WORDPIECE)
+    added = [token["content"].lower() for token in json.loads(tokenizer_json)["added_tokens"]]
+    for item, encoding in zip(items, got, strict=True):
+        parts = [item] if isinstance(item, str) else list(item)
+        plain = all(plain_ascii(part) and not any(content in part.lower() for content in added) for part in parts)
+        if tokenizer.makes_plain_ids and plain:
+            assert isinstance(encoding, TokenIds), item
+        else:
+            assert isinstance(encoding, Encoding), item
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+@pytest.mark.parametrize(
+    "post_processor",
+    [
+        "bert",
+        None,  # no special tokens at all
+        {  # a template of its own: two tokens before, segment 1 for a lone text, the pair's second part in segment 0
+            "type": "TemplateProcessing",
+            "single": [
+                {"SpecialToken": {"id": "[CLS]", "type_id": 1}},
+                {"SpecialToken": {"id": "[MASK]", "type_id": 1}},
+                {"Sequence": {"id": "A", "type_id": 1}},
+                {"SpecialToken": {"id": "[SEP]", "type_id": 0}},
+            ],
+            "pair": [
+                {"Sequence": {"id": "A", "type_id": 1}},
+                {"SpecialToken": {"id": "[SEP]", "type_id": 1}},
+                {"Sequence": {"id": "B", "type_id": 0}},
+            ],
+            "special_tokens": {
+                name: {"id": name, "ids": [index], "tokens": [name]}
+                for name, index in (("[CLS]", 2), ("[SEP]", 3), ("[MASK]", 4))
+            },
+        },
+    ],
+)
+def test_case_and_any_template_come_out_as_the_library_makes_them(lowercase: bool, post_processor: object) -> None:
+    described = json.loads(make_tokenizer("bert").backend_tokenizer.to_str())
+    described["normalizer"]["lowercase"] = lowercase
+    if post_processor != "bert":
+        described["post_processor"] = post_processor
+    tokenizer_json = json.dumps(described)
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    assert tokenizer.makes_plain_ids
+    items: list = [*PLAIN, *pairs_of(PLAIN)]
+    got = tokenizer.encode_ids_batch(items)
+    assert all(isinstance(encoding, TokenIds) for encoding in got)
+    assert [(encoding.ids, encoding.type_ids) for encoding in got] == library_ids(tokenizer_json, items)
+
+
+def test_a_tokenizer_that_is_not_a_bert_pipeline_is_left_to_the_library() -> None:
+    described = json.loads(make_tokenizer("bert").backend_tokenizer.to_str())
+    library = Tokenizer.from_str(json.dumps(described))
+    assert PlainWordPiece.of(json.dumps(described), library, lowercase=True) is not None
+    described["pre_tokenizer"] = {"type": "Whitespace"}  # splits alike on most text, but is another pipeline
+    assert PlainWordPiece.of(json.dumps(described), Tokenizer.from_str(json.dumps(described)), lowercase=True) is None
+    # a wrong case derived for it fails its probes
+    assert PlainWordPiece.of(library.to_str(), library, lowercase=False) is None
+
+
+def test_words_remembered_are_bounded_and_change_no_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plain_wordpiece, "MAX_WORDS", 5)
+    tokenizer_json = make_tokenizer("bert").backend_tokenizer.to_str()
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    items = PLAIN * 2
+    assert [(e.ids, e.type_ids) for e in tokenizer.encode_ids_batch(items)] == library_ids(tokenizer_json, items)
+    assert tokenizer.plain_words_remembered == 5
+
+
+def test_threads_encoding_at_once_get_their_own_ids() -> None:
+    tokenizer_json = make_tokenizer("bert").backend_tokenizer.to_str()
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    texts = [f"{word} number {n}, said {word.upper()}" for n, word in enumerate(["alpha", "beta", "gamma"] * 40)]
+    expected = library_ids(tokenizer_json, texts)
+    failures: list[int] = []
+
+    def encode(offset: int) -> None:
+        for start in range(offset, len(texts), 7):
+            encoding = tokenizer.encode_ids_batch(texts[start : start + 5])
+            if [(e.ids, e.type_ids) for e in encoding] != expected[start : start + 5]:
+                failures.append(start)
+
+    threads = [threading.Thread(target=encode, args=(offset,)) for offset in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+
+
+@pytest.mark.skipif(not shared_available(), reason="../shared (real checkpoints and data) is absent")
+def test_the_shared_checkpoints_ids_on_real_text_are_the_librarys() -> None:
+    from benchmarks.realdata import SHARED
+
+    sentences = [sentence for sentence, _ in sst2()]
+    questions = [(question, context) for question, context, _ in squad(600)]
+    items: list = [*sentences, *questions, *[question for question, _ in questions]]
+    for name in ("minilm-bert-sst2", "minilm-distilbert-sst2", "minilm-embed"):
+        tokenizer_json = (SHARED / "models" / name / "tokenizer.json").read_text(encoding="utf-8")
+        tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+        got = tokenizer.encode_ids_batch(items)
+        assert sum(isinstance(encoding, TokenIds) for encoding in got) > 0.9 * len(items), name
+        assert [(e.ids, e.type_ids) for e in got] == library_ids(tokenizer_json, items), name
