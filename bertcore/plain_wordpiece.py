@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 # BertPreTokenizer on ASCII without control characters: whitespace splits, punctuation (every printable ASCII
 # character but letters and digits) stands alone
@@ -46,6 +46,29 @@ class TokenIds:
         self.type_ids = type_ids
 
 
+class PlainEncoding:
+    """One window of a text as a task that maps tokens back to the text reads an encoding (NER)."""
+
+    __slots__ = ("ids", "offsets", "special_tokens_mask", "tokens", "type_ids")
+
+    def __init__(
+        self,
+        ids: list[int],
+        type_ids: list[int],
+        tokens: list[str],
+        offsets: list[tuple[int, int]],
+        special_tokens_mask: list[int],
+    ) -> None:
+        self.ids, self.type_ids, self.tokens = ids, type_ids, tokens
+        self.offsets, self.special_tokens_mask = offsets, special_tokens_mask
+
+
+# A word's pieces: ids, token strings, and each piece's offsets within the word (None: one piece, the whole word)
+_Pieces = tuple[tuple[int, ...], tuple[str, ...], tuple[tuple[int, int], ...] | None]
+# What `windows` is checked on when a tokenizer loads: (max_length, stride), None for no truncation
+_WINDOWINGS = (None, (8, 0), (8, 2), (9, 5), (512, 128))
+
+
 class _Template:
     """The special tokens around one text (or a pair) and every token's segment, as the post-processor adds them."""
 
@@ -55,6 +78,7 @@ class _Template:
         self.ids: list[list[int]] = []  # the special tokens before, between and after the parts
         self.types: list[list[int]] = []  # their segments
         self.part_types: list[int] = []  # each part's segment
+        cuts = []
         start = 0
         for text in (first,) if second is None else (first, second):
             part = tokenizer.encode(text, add_special_tokens=False).ids
@@ -64,9 +88,15 @@ class _Template:
             self.ids.append(ids[start:at])
             self.types.append(types[start:at])
             self.part_types.append(types[at])
+            cuts.append((start, at))
             start = at + len(part)
         self.ids.append(ids[start:])
         self.types.append(types[start:])
+        cuts.append((start, len(ids)))
+        # and their token strings, offsets and special-token marks, where a task maps tokens back to the text
+        self.tokens = [encoding.tokens[a:b] for a, b in cuts]
+        self.offsets = [encoding.offsets[a:b] for a, b in cuts]
+        self.special = [encoding.special_tokens_mask[a:b] for a, b in cuts]
 
 
 def _find(ids: list[int], part: list[int], start: int) -> int:
@@ -83,9 +113,10 @@ class PlainWordPiece:
         self._model = tokenizer.model
         self._lowercase = lowercase
         self._added = tuple(content.lower() for content in added)
-        self._words: dict[str, tuple[int, ...]] = {}
+        self._words: dict[str, _Pieces] = {}
         self._single = _Template(tokenizer, "probe words", None)
         self._pair = _Template(tokenizer, "first probe", "second probe")
+        self._windows_agree = False  # until `of` has checked them
 
     @classmethod
     def of(cls, tokenizer_json: str, tokenizer: Tokenizer, lowercase: bool) -> PlainWordPiece | None:
@@ -104,21 +135,48 @@ class PlainWordPiece:
             encoding, ids = tokenizer.encode(text, pair), plain.ids(text, pair)
             if ids is None or (ids.ids, ids.type_ids) != (encoding.ids, encoding.type_ids):
                 return None
+        plain._windows_agree = all(plain._windows_as_library(tokenizer, windowing) for windowing in _WINDOWINGS)
+        tokenizer.no_truncation()
         plain._words.clear()  # the probes' words are no corpus's
         return plain
+
+    def _windows_as_library(self, tokenizer: Tokenizer, windowing: tuple[int, int] | None) -> bool:
+        max_length, stride = windowing or (10**6, 0)
+        if windowing is None:
+            tokenizer.no_truncation()
+        else:
+            tokenizer.enable_truncation(max_length, stride=stride, strategy="longest_first", direction="right")
+        for text, pair in _PROBES:
+            if pair is not None:
+                continue
+            encoding = tokenizer.encode(text)
+            library = [_described(window) for window in [encoding, *encoding.overflowing]]
+            windows = self._windows(text, max_length, stride)
+            if windows is None or [_described(window) for window in windows] != library:
+                return False
+        return True
 
     @property
     def words_remembered(self) -> int:
         return len(self._words)
+
+    @property
+    def makes_windows(self) -> bool:
+        """Whether `windows` serves (its probes came out as the library makes them)."""
+        return self._windows_agree
+
+    def _holds_added(self, lowered: str) -> bool:
+        """Whether lowercased text holds an added token's content (matched without regard to case: "[sep]" goes
+        to the library too, to be sure)."""
+        return any(content in lowered for content in self._added)
 
     def ids(self, text: str, pair: str | None = None) -> TokenIds | None:
         """The encoding's ids and type ids of plain ASCII text (the caller's check), None where the library must
         encode it (an added token's content in it)."""
         lowered = text.lower()
         lowered_pair = None if pair is None else pair.lower()
-        for content in self._added:  # matched without regard to case: "[sep]" falls back too, to be sure
-            if content in lowered or (lowered_pair is not None and content in lowered_pair):
-                return None
+        if self._holds_added(lowered) or (lowered_pair is not None and self._holds_added(lowered_pair)):
+            return None
         if self._lowercase:
             text, pair = lowered, lowered_pair
         template = self._single if pair is None else self._pair
@@ -132,12 +190,78 @@ class PlainWordPiece:
             types += template.types[index + 1]
         return TokenIds(ids, types)
 
+    def windows(self, text: str, max_length: int, stride: int) -> list[PlainEncoding] | None:
+        """A lone plain ASCII text's windows as the library makes them truncating at `max_length` with `stride`
+        tokens of overlap (the first, then its overflows), offsets and all; None where the library must encode it."""
+        return self._windows(text, max_length, stride) if self._windows_agree else None
+
+    def _windows(self, text: str, max_length: int, stride: int) -> list[PlainEncoding] | None:
+        lowered = text.lower()
+        template = self._single
+        capacity = max_length - len(template.ids[0]) - len(template.ids[1])
+        if self._holds_added(lowered) or not 0 <= stride < capacity:
+            return None
+        ids: list[int] = []
+        tokens: list[str] = []
+        offsets: list[tuple[int, int]] = []
+        words = self._words
+        append_offsets = offsets.append
+        for match in _WORDS.finditer(lowered if self._lowercase else text):
+            word = match[0]
+            pieces = words.get(word) or self._pieces(word)
+            ids += pieces[0]
+            tokens += pieces[1]
+            spans = pieces[2]
+            if spans is None:  # one piece: the word's own span
+                append_offsets(match.span())
+            else:
+                start = match.start()
+                offsets += [(start + begin, start + end) for begin, end in spans]
+        count = len(ids)
+        ranges = [(0, count)]
+        if count > capacity:  # windows of `capacity` tokens, each `capacity - stride` on, until one reaches the end
+            starts = range(0, count, capacity - stride)
+            ranges = [(start, min(start + capacity, count)) for start in starts if start == 0 or start + stride < count]
+        before, after = len(template.ids[0]), len(template.ids[1])
+        part_type = template.part_types[0]
+        if len(ranges) == 1:  # most texts: one window, no slices to take
+            return [
+                PlainEncoding(
+                    template.ids[0] + ids + template.ids[1],
+                    template.types[0] + [part_type] * count + template.types[1],
+                    template.tokens[0] + tokens + template.tokens[1],
+                    template.offsets[0] + offsets + template.offsets[1],
+                    [1] * before + [0] * count + [1] * after,
+                )
+            ]
+        return [
+            PlainEncoding(
+                template.ids[0] + ids[start:stop] + template.ids[1],
+                template.types[0] + [part_type] * (stop - start) + template.types[1],
+                template.tokens[0] + tokens[start:stop] + template.tokens[1],
+                template.offsets[0] + offsets[start:stop] + template.offsets[1],
+                [1] * before + [0] * (stop - start) + [1] * after,
+            )
+            for start, stop in ranges
+        ]
+
     def _extend(self, ids: list[int], text: str) -> None:
         words = self._words
         for word in _WORDS.findall(text):
-            pieces = words.get(word)
-            if pieces is None:
-                pieces = tuple([token.id for token in self._model.tokenize(word)])
-                if len(words) < MAX_WORDS:
-                    words[word] = pieces
-            ids += pieces
+            ids += (words.get(word) or self._pieces(word))[0]
+
+    def _pieces(self, word: str) -> _Pieces:
+        """The word's pieces by the tokenizer's own WordPiece model, remembered while there is room."""
+        tokens = self._model.tokenize(word)
+        pieces = (
+            tuple([token.id for token in tokens]),
+            tuple([token.value for token in tokens]),
+            None if len(tokens) == 1 and tokens[0].offsets == (0, len(word)) else tuple([t.offsets for t in tokens]),
+        )
+        if len(self._words) < MAX_WORDS:
+            self._words[word] = pieces
+        return pieces
+
+
+def _described(encoding: Encoding | PlainEncoding) -> tuple:
+    return (encoding.ids, encoding.type_ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask)

@@ -10,7 +10,7 @@ import numpy as np
 if TYPE_CHECKING:  # the engine takes rows and never loads a tokenizer
     from tokenizers import Encoding
 
-    from bertcore.plain_wordpiece import TokenIds
+    from bertcore.plain_wordpiece import PlainEncoding, TokenIds
 
 
 @dataclass(slots=True, eq=False)
@@ -25,7 +25,7 @@ class Row:
     token_type_ids: np.ndarray  # int64, shape (length,)
 
     @classmethod
-    def from_encoding(cls, encoding: Encoding | TokenIds) -> Row:
+    def from_encoding(cls, encoding: Encoding | TokenIds | PlainEncoding) -> Row:
         return cls(np.asarray(encoding.ids, dtype=np.int64), np.asarray(encoding.type_ids, dtype=np.int64))
 
     def __len__(self) -> int:

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 from tokenizers import Encoding
 
+from bertcore.plain_wordpiece import PlainEncoding
 from bertcore.rows import Row
 from bertcore.tasks.errors import TaskInputError
 from bertcore.tokenization import TextTokenizer
@@ -162,7 +163,7 @@ def prepare(tokenizer: TextTokenizer, source: str | Words, max_length: int, stri
     check_stride(tokenizer, max_length, stride)
     words = source if isinstance(source, Words) else None
     text = source.text if isinstance(source, Words) else source
-    encodings = tokenizer.encode(text, max_length=max_length, stride=stride)
+    encodings = tokenizer.encode_windows(text, max_length, stride)
     step = window_capacity(tokenizer, max_length) - stride  # text tokens each window moves on by
     word_aware = tokenizer.continuing_subword_prefix is not None
     unk_id = tokenizer.unk_token_id
@@ -207,7 +208,7 @@ def _given_word(window: Sequence[TokenSpan], text_index: int) -> int | None:
 
 def _token_spans(
     text: str,
-    encoding: Encoding | _EncodingLists,
+    encoding: Encoding | PlainEncoding | _EncodingLists,
     shift: int,
     word_aware: bool,
     unk_id: int | None,
@@ -247,7 +248,7 @@ class _EncodingLists(NamedTuple):
     special_tokens_mask: list[int]
 
     @classmethod
-    def of(cls, encoding: Encoding) -> _EncodingLists:
+    def of(cls, encoding: Encoding | PlainEncoding) -> _EncodingLists:
         return cls(encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask)
 
 
@@ -258,7 +259,9 @@ class _Spans(Sequence[TokenSpan]):
 
     __slots__ = ("_lists", "_made", "_positions", "_shift", "_text", "_unk_id", "_word_aware")
 
-    def __init__(self, text: str, encoding: Encoding, shift: int, word_aware: bool, unk_id: int | None) -> None:
+    def __init__(
+        self, text: str, encoding: Encoding | PlainEncoding, shift: int, word_aware: bool, unk_id: int | None
+    ) -> None:
         self._text, self._shift, self._word_aware, self._unk_id = text, shift, word_aware, unk_id
         self._lists = _EncodingLists.of(encoding)
         self._positions = [position for position, special in enumerate(self._lists.special_tokens_mask) if not special]

@@ -3,15 +3,16 @@ type ids, for every family, text, pair and template; what might differ goes to t
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 
 import pytest
 from tokenizers import Encoding, Tokenizer
 
-from benchmarks.realdata import shared_available, squad, sst2
+from benchmarks.realdata import conll03, shared_available, squad, sst2
 from bertcore import plain_wordpiece
-from bertcore.plain_wordpiece import PlainWordPiece, TokenIds
+from bertcore.plain_wordpiece import PlainEncoding, PlainWordPiece, TokenIds
 from bertcore.tokenization import TextTokenizer, plain_ascii
 from tests.tiny_models import FAMILIES, make_tokenizer
 
@@ -33,12 +34,17 @@ OTHER = ["a [SEP] b", "[sep] in lower case", "[CLS", "<s> and </s>", "naïve caf
 
 
 def library_ids(tokenizer_json: str, items: list) -> list[tuple[list[int], list[int]]]:
-    library = Tokenizer.from_str(tokenizer_json)
-    library.no_padding()
+    library = library_of(tokenizer_json)
     library.no_truncation()
     # encode_batch, as transformers' fast tokenizers call it (encode_batch_fast gives a pair's second part segment 0
     # where a tokenizer has no post-processor; every family's has one)
     return [(encoding.ids, encoding.type_ids) for encoding in library.encode_batch(items)]
+
+
+def plain_text(tokenizer_json: str, text: str) -> bool:
+    """Plain ASCII without an added token's content in any case: what skips the library."""
+    added = [token["content"].lower() for token in json.loads(tokenizer_json)["added_tokens"]]
+    return plain_ascii(text) and not any(content in text.lower() for content in added)
 
 
 def pairs_of(texts: list[str]) -> list[tuple[str, str]]:
@@ -53,14 +59,50 @@ def test_ids_are_the_librarys_for_every_family_and_only_plain_text_skips_it(arch
     got = tokenizer.encode_ids_batch(items)
     assert [(encoding.ids, encoding.type_ids) for encoding in got] == library_ids(tokenizer_json, items)
     assert tokenizer.makes_plain_ids == (arch in WORDPIECE)
-    added = [token["content"].lower() for token in json.loads(tokenizer_json)["added_tokens"]]
     for item, encoding in zip(items, got, strict=True):
         parts = [item] if isinstance(item, str) else list(item)
-        plain = all(plain_ascii(part) and not any(content in part.lower() for content in added) for part in parts)
-        if tokenizer.makes_plain_ids and plain:
+        if tokenizer.makes_plain_ids and all(plain_text(tokenizer_json, part) for part in parts):
             assert isinstance(encoding, TokenIds), item
         else:
             assert isinstance(encoding, Encoding), item
+
+
+WINDOWINGS = [(512, 128), (12, 3), (9, 6), (8, 0)]
+
+
+def described(encoding: Encoding | PlainEncoding) -> tuple:
+    return (encoding.ids, encoding.type_ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask)
+
+
+@functools.lru_cache(maxsize=4)
+def library_of(tokenizer_json: str) -> Tokenizer:
+    library = Tokenizer.from_str(tokenizer_json)
+    library.no_padding()
+    return library
+
+
+def library_windows(tokenizer_json: str, text: str, max_length: int, stride: int) -> list[tuple]:
+    library = library_of(tokenizer_json)
+    library.enable_truncation(max_length, stride=stride, strategy="longest_first", direction="right")
+    encoding = library.encode(text)
+    return [described(window) for window in [encoding, *encoding.overflowing]]
+
+
+@pytest.mark.parametrize("arch", ALL_FAMILIES)
+def test_windows_are_the_librarys_offsets_and_all_for_every_family(arch: str) -> None:
+    """NER's windows of a text: the very ids, segments, token strings, offsets and special-token marks the library
+    makes, one window or many, overlapping or not, plain text made without it."""
+    tokenizer_json = make_tokenizer(arch).backend_tokenizer.to_str()
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    assert tokenizer.makes_plain_windows == (arch in WORDPIECE)
+    long_text = " ".join(PLAIN[:9]) * 3
+    for text in [*PLAIN, *OTHER, long_text]:
+        for max_length, stride in WINDOWINGS:
+            got = tokenizer.encode_windows(text, max_length, stride)
+            assert [described(window) for window in got] == library_windows(tokenizer_json, text, max_length, stride)
+            plain = tokenizer.makes_plain_windows and plain_text(tokenizer_json, text)
+            assert all(isinstance(window, PlainEncoding if plain else Encoding) for window in got), text
+    assert len(tokenizer.encode_windows(long_text, 12, 3)) > 10
 
 
 @pytest.mark.parametrize("lowercase", [True, False])
@@ -90,17 +132,23 @@ def test_ids_are_the_librarys_for_every_family_and_only_plain_text_skips_it(arch
     ],
 )
 def test_case_and_any_template_come_out_as_the_library_makes_them(lowercase: bool, post_processor: object) -> None:
-    described = json.loads(make_tokenizer("bert").backend_tokenizer.to_str())
-    described["normalizer"]["lowercase"] = lowercase
+    config = json.loads(make_tokenizer("bert").backend_tokenizer.to_str())
+    config["normalizer"]["lowercase"] = lowercase
     if post_processor != "bert":
-        described["post_processor"] = post_processor
-    tokenizer_json = json.dumps(described)
+        config["post_processor"] = post_processor
+    tokenizer_json = json.dumps(config)
     tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
     assert tokenizer.makes_plain_ids
     items: list = [*PLAIN, *pairs_of(PLAIN)]
     got = tokenizer.encode_ids_batch(items)
     assert all(isinstance(encoding, TokenIds) for encoding in got)
     assert [(encoding.ids, encoding.type_ids) for encoding in got] == library_ids(tokenizer_json, items)
+    # The library's overflowing windows keep the text's own segment, not the template's (1 here): this tokenizer's
+    # windows fail their probes and are left to it
+    assert tokenizer.makes_plain_windows == (post_processor in ("bert", None))
+    for text in PLAIN:
+        windows = tokenizer.encode_windows(text, 12, 3)
+        assert [described(window) for window in windows] == library_windows(tokenizer_json, text, 12, 3)
 
 
 def test_a_tokenizer_that_is_not_a_bert_pipeline_is_left_to_the_library() -> None:
@@ -156,3 +204,21 @@ def test_the_shared_checkpoints_ids_on_real_text_are_the_librarys() -> None:
         got = tokenizer.encode_ids_batch(items)
         assert sum(isinstance(encoding, TokenIds) for encoding in got) > 0.9 * len(items), name
         assert [(e.ids, e.type_ids) for e in got] == library_ids(tokenizer_json, items), name
+
+
+@pytest.mark.skipif(not shared_available(), reason="../shared (real checkpoints and data) is absent")
+def test_the_ner_checkpoints_windows_of_real_text_are_the_librarys() -> None:
+    from benchmarks.realdata import SHARED
+
+    texts = [" ".join(words) for words, _ in conll03()]
+    tokenizer_json = (SHARED / "models" / "minilm-bert-conll03" / "tokenizer.json").read_text(encoding="utf-8")
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    made = 0
+    for max_length, stride in ((512, 128), (24, 8)):
+        for text in texts:
+            windows = tokenizer.encode_windows(text, max_length, stride)
+            made += isinstance(windows[0], PlainEncoding)
+            assert [described(window) for window in windows] == library_windows(
+                tokenizer_json, text, max_length, stride
+            ), text
+    assert made > 0.9 * 2 * len(texts)
