@@ -8,9 +8,13 @@ string's alignments, offsets and the encoding's Python object; a task that only 
 rerank, embeddings) gets them here in a few µs: each word's pieces come from the tokenizer's own WordPiece model and
 are remembered, and the template's tokens and segments are read off the tokenizer's encodings of probe texts.
 
+NER's windows are made the same way, with each token's string and offsets (a word's span and its pieces' spans within
+it) and the windows cut as the library's truncation cuts them.
+
 What is not certain to come out alike falls back to the library: text holding an added token's content (`[SEP]`
 typed into a review) and every tokenizer that is not this pipeline. Before it serves, a tokenizer's probes must come
-out equal both ways (ids and type ids).
+out equal both ways (ids and type ids; for windows also tokens, offsets and special-token marks, at several window
+sizes and strides, or windows are left to the library).
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from tokenizers import Encoding, Tokenizer
 # BertPreTokenizer on ASCII without control characters: whitespace splits, punctuation (every printable ASCII
 # character but letters and digits) stands alone
 _WORDS = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9\s]")
-# Words remembered per tokenizer and process (~230 bytes each: at most ~7 MiB; SST-2 and 3,000 SQuAD questions hold
-# ~11,500): past this, a word not seen yet is split without being kept
-MAX_WORDS = 32_768
+# Words remembered per tokenizer and process (~400 bytes each with their tokens and offsets: at most ~7 MiB; SST-2,
+# CoNLL-2003 and 3,000 SQuAD paragraphs hold ~16,000): past this, a word not seen yet is split each time it comes
+MAX_WORDS = 16_384
 _PROBES = (
     ("Hello, World! It's 3.14 o'clock -- e-mail: a.b@c.org, https://x.y/z?q=1&r=2#s", None),
     ("Tabs\tand\nnew lines\r\nand   spaces; unaffable CamelCase_with_underscores", "A PAIR: (with) {braces}"),
@@ -107,12 +111,15 @@ def _find(ids: list[int], part: list[int], start: int) -> int:
 
 
 class PlainWordPiece:
-    """Ids and type ids of plain ASCII text (or pairs), equal to the tokenizer's, for one tokenizer."""
+    """Ids and type ids of plain ASCII text (or pairs), and a text's windows, equal to the tokenizer's, for one
+    tokenizer."""
 
     def __init__(self, tokenizer: Tokenizer, lowercase: bool, added: Sequence[str]) -> None:
         self._model = tokenizer.model
         self._lowercase = lowercase
-        self._added = tuple(content.lower() for content in added)
+        # an added token's content anywhere in lowercased text (one search, not one per token)
+        contents = sorted({content.lower() for content in added if content}, key=len, reverse=True)
+        self._added = re.compile("|".join(map(re.escape, contents))) if contents else None
         self._words: dict[str, _Pieces] = {}
         self._single = _Template(tokenizer, "probe words", None)
         self._pair = _Template(tokenizer, "first probe", "second probe")
@@ -168,7 +175,7 @@ class PlainWordPiece:
     def _holds_added(self, lowered: str) -> bool:
         """Whether lowercased text holds an added token's content (matched without regard to case: "[sep]" goes
         to the library too, to be sure)."""
-        return any(content in lowered for content in self._added)
+        return self._added is not None and self._added.search(lowered) is not None
 
     def ids(self, text: str, pair: str | None = None) -> TokenIds | None:
         """The encoding's ids and type ids of plain ASCII text (the caller's check), None where the library must
@@ -222,7 +229,6 @@ class PlainWordPiece:
         if count > capacity:  # windows of `capacity` tokens, each `capacity - stride` on, until one reaches the end
             starts = range(0, count, capacity - stride)
             ranges = [(start, min(start + capacity, count)) for start in starts if start == 0 or start + stride < count]
-        before, after = len(template.ids[0]), len(template.ids[1])
         part_type = template.part_types[0]
         if len(ranges) == 1:  # most texts: one window, no slices to take
             return [
@@ -231,7 +237,7 @@ class PlainWordPiece:
                     template.types[0] + [part_type] * count + template.types[1],
                     template.tokens[0] + tokens + template.tokens[1],
                     template.offsets[0] + offsets + template.offsets[1],
-                    [1] * before + [0] * count + [1] * after,
+                    template.special[0] + [0] * count + template.special[1],
                 )
             ]
         return [
@@ -240,7 +246,7 @@ class PlainWordPiece:
                 template.types[0] + [part_type] * (stop - start) + template.types[1],
                 template.tokens[0] + tokens[start:stop] + template.tokens[1],
                 template.offsets[0] + offsets[start:stop] + template.offsets[1],
-                [1] * before + [0] * (stop - start) + [1] * after,
+                template.special[0] + [0] * (stop - start) + template.special[1],
             )
             for start, stop in ranges
         ]
@@ -253,11 +259,18 @@ class PlainWordPiece:
     def _pieces(self, word: str) -> _Pieces:
         """The word's pieces by the tokenizer's own WordPiece model, remembered while there is room."""
         tokens = self._model.tokenize(word)
-        pieces = (
-            tuple([token.id for token in tokens]),
-            tuple([token.value for token in tokens]),
-            None if len(tokens) == 1 and tokens[0].offsets == (0, len(word)) else tuple([t.offsets for t in tokens]),
+        if len(tokens) == 1 and tokens[0].value == word and tokens[0].offsets == (0, len(word)):
+            return self._remembered(word, ((tokens[0].id,), (word,), None))  # the word's own string, not a copy
+        return self._remembered(
+            word,
+            (
+                tuple([token.id for token in tokens]),
+                tuple([token.value for token in tokens]),
+                tuple([token.offsets for token in tokens]),
+            ),
         )
+
+    def _remembered(self, word: str, pieces: _Pieces) -> _Pieces:
         if len(self._words) < MAX_WORDS:
             self._words[word] = pieces
         return pieces
