@@ -7,6 +7,8 @@ truncation for one call never races with another thread's encode.
 Plain ASCII text (`plain_ascii`) of a WordPiece model is encoded with the tokenizer's normalizer swapped for the
 lowercasing it comes to on such text: BertNormalizer's unicode work changes nothing there, and was ~28% of encoding
 it. The swap is checked on probes when the tokenizer loads; the encodings are the same (ids, offsets, words).
+Where a task needs only ids (`encode_ids_batch`) or a lone text's windows (`encode_windows`), such text of a BERT
+tokenizer skips the library altogether (`bertcore.plain_wordpiece`).
 """
 
 from __future__ import annotations
