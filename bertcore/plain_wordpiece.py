@@ -9,7 +9,8 @@ rerank, embeddings) gets them here in a few µs: each word's pieces come from th
 are remembered, and the template's tokens and segments are read off the tokenizer's encodings of probe texts.
 
 NER's windows are made the same way, with each token's string and offsets (a word's span and its pieces' spans within
-it) and the windows cut as the library's truncation cuts them.
+it) and the windows cut as the library's truncation cuts them; QA's windows of a question and its context too (only
+the context cut), with sequence ids and each token's word.
 
 What is not certain to come out alike falls back to the library: text holding an added token's content (`[SEP]`
 typed into a review) and every tokenizer that is not this pipeline. Before it serves, a tokenizer's probes must come
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from typing import cast
 
 from tokenizers import Encoding, Tokenizer
 
@@ -67,10 +70,54 @@ class PlainEncoding:
         self.offsets, self.special_tokens_mask = offsets, special_tokens_mask
 
 
+class PlainPairEncoding:
+    """One window of a question and its context as QA reads an encoding: ids, segments, offsets (each into its own
+    text), special-token marks, sequence ids, and each token's word (its index among its text's words)."""
+
+    __slots__ = ("_runs", "ids", "offsets", "sequence_ids", "special_tokens_mask", "type_ids", "word_ids")
+
+    def __init__(
+        self,
+        ids: list[int],
+        type_ids: list[int],
+        offsets: list[tuple[int, int]],
+        special_tokens_mask: list[int],
+        sequence_ids: list[int | None],
+        word_ids: list[int | None],
+        runs: tuple[tuple[int, int], tuple[int, int]],
+    ) -> None:
+        self.ids, self.type_ids, self.offsets = ids, type_ids, offsets
+        self.special_tokens_mask, self.sequence_ids, self.word_ids = special_tokens_mask, sequence_ids, word_ids
+        self._runs = runs  # each text's tokens: [start, stop) in the window
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def token_to_word(self, token: int) -> int | None:
+        return self.word_ids[token]
+
+    def word_to_chars(self, word: int, sequence_index: int = 0) -> tuple[int, int] | None:
+        """The characters of the window's tokens of `word` in that text (a word cut by the window's edge: its
+        pieces inside), as the library's encoding gives them."""
+        low, high = self._runs[sequence_index]
+        words = cast("list[int]", self.word_ids)  # ints throughout the run
+        first = bisect_left(words, word, low, high)  # a text's tokens' words never decrease
+        if first == high or words[first] != word:
+            return None
+        last = bisect_right(words, word, first, high) - 1
+        return self.offsets[first][0], self.offsets[last][1]
+
+
 # A word's pieces: ids, token strings, and each piece's offsets within the word (None: one piece, the whole word)
 _Pieces = tuple[tuple[int, ...], tuple[str, ...], tuple[tuple[int, int], ...] | None]
 # What `windows` is checked on when a tokenizer loads: (max_length, stride), None for no truncation
 _WINDOWINGS = (None, (8, 0), (8, 2), (9, 5), (512, 128))
+# QA's pairs: a question, a context in many windows (words of several pieces cut by windows' edges among them)
+_PAIR_PROBES = (
+    ("Who won?", "Japan got a lucky win; China, in a surprising defeat, lost 2-1 at https://x.y/z?q=1 unaffably."),
+    ("What is CamelCase_with_underscores?", "Hello, World! It's 3.14 o'clock -- e-mail: a.b@c.org. " * 3),
+    ("a", "supercalifragilisticexpialidocious " * 5),
+)
 
 
 class _Template:
@@ -124,6 +171,7 @@ class PlainWordPiece:
         self._single = _Template(tokenizer, "probe words", None)
         self._pair = _Template(tokenizer, "first probe", "second probe")
         self._windows_agree = False  # until `of` has checked them
+        self._pair_windows_agree = False
 
     @classmethod
     def of(cls, tokenizer_json: str, tokenizer: Tokenizer, lowercase: bool) -> PlainWordPiece | None:
@@ -143,6 +191,9 @@ class PlainWordPiece:
             if ids is None or (ids.ids, ids.type_ids) != (encoding.ids, encoding.type_ids):
                 return None
         plain._windows_agree = all(plain._windows_as_library(tokenizer, windowing) for windowing in _WINDOWINGS)
+        plain._pair_windows_agree = all(
+            plain._pair_windows_as_library(tokenizer, windowing) for windowing in _WINDOWINGS
+        )
         tokenizer.no_truncation()
         plain._words.clear()  # the probes' words are no corpus's
         return plain
@@ -163,6 +214,22 @@ class PlainWordPiece:
                 return False
         return True
 
+    def _pair_windows_as_library(self, tokenizer: Tokenizer, windowing: tuple[int, int] | None) -> bool:
+        if windowing is None:
+            tokenizer.no_truncation()
+        else:
+            max_length, stride = windowing
+            tokenizer.enable_truncation(max_length, stride=stride, strategy="only_second", direction="right")
+        for first, second in _PAIR_PROBES:
+            windows = self._pair_windows(first, second, *(windowing or (None, 0)))
+            if windows is None:  # no room for the second text's windows: left to the library (and QA's checks)
+                continue
+            encoding = tokenizer.encode(first, second)
+            library = [_pair_described(window) for window in [encoding, *encoding.overflowing]]
+            if [_pair_described(window) for window in windows] != library:
+                return False
+        return True
+
     @property
     def words_remembered(self) -> int:
         return len(self._words)
@@ -171,6 +238,11 @@ class PlainWordPiece:
     def makes_windows(self) -> bool:
         """Whether `windows` serves (its probes came out as the library makes them)."""
         return self._windows_agree
+
+    @property
+    def makes_pair_windows(self) -> bool:
+        """Whether `pair_windows` serves (its probes came out as the library makes them)."""
+        return self._pair_windows_agree
 
     def _holds_added(self, lowered: str) -> bool:
         """Whether lowercased text holds an added token's content (matched without regard to case: "[sep]" goes
@@ -251,6 +323,79 @@ class PlainWordPiece:
             for start, stop in ranges
         ]
 
+    def pair_windows(
+        self, first: str, second: str, max_length: int | None, stride: int
+    ) -> list[PlainPairEncoding] | None:
+        """A plain ASCII pair's windows (QA's question and context) as the library makes them truncating only the
+        second text at `max_length` (None: one window, untruncated) with `stride` tokens of overlap; None where the
+        library must encode it."""
+        return self._pair_windows(first, second, max_length, stride) if self._pair_windows_agree else None
+
+    def _pair_windows(
+        self, first: str, second: str, max_length: int | None, stride: int
+    ) -> list[PlainPairEncoding] | None:
+        lowered_first, lowered_second = first.lower(), second.lower()
+        if self._holds_added(lowered_first) or self._holds_added(lowered_second):
+            return None
+        if self._lowercase:
+            first, second = lowered_first, lowered_second
+        first_ids, first_offsets, first_words = self._split(first)
+        ids, offsets, words = self._split(second)
+        template = self._pair
+        before, between, after = (len(template.ids[0]), len(template.ids[1]), len(template.ids[2]))
+        fixed = before + len(first_ids) + between + after
+        count = len(ids)
+        ranges = [(0, count)]
+        if max_length is not None and fixed + count > max_length:
+            capacity = max_length - fixed
+            if not 0 <= stride < capacity:
+                return None
+            starts = range(0, count, capacity - stride)
+            ranges = [(start, min(start + capacity, count)) for start in starts if start == 0 or start + stride < count]
+        head_ids = template.ids[0] + first_ids + template.ids[1]
+        first_type, second_type = template.part_types
+        head_types = template.types[0] + [first_type] * len(first_ids) + template.types[1]
+        head_offsets = template.offsets[0] + first_offsets + template.offsets[1]
+        head_special = template.special[0] + [0] * len(first_ids) + template.special[1]
+        head_sequences: list[int | None] = [None] * before + [0] * len(first_ids) + [None] * between
+        head_words: list[int | None] = [None] * before + first_words + [None] * between
+        runs = ((before, before + len(first_ids)), (len(head_ids), 0))
+        windows = []
+        for start, stop in ranges:
+            size = stop - start
+            windows.append(
+                PlainPairEncoding(
+                    head_ids + ids[start:stop] + template.ids[2],
+                    head_types + [second_type] * size + template.types[2],
+                    head_offsets + offsets[start:stop] + template.offsets[2],
+                    head_special + [0] * size + template.special[2],
+                    head_sequences + [1] * size + [None] * after,
+                    head_words + words[start:stop] + [None] * after,
+                    (runs[0], (len(head_ids), len(head_ids) + size)),
+                )
+            )
+        return windows
+
+    def _split(self, text: str) -> tuple[list[int], list[tuple[int, int]], list[int | None]]:
+        """A text's ids, offsets and words (each token's word's index) without special tokens."""
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        words: list[int | None] = []
+        known = self._words
+        for index, match in enumerate(_WORDS.finditer(text)):
+            word = match[0]
+            pieces = known.get(word) or self._pieces(word)
+            ids += pieces[0]
+            spans = pieces[2]
+            if spans is None:
+                offsets.append(match.span())
+                words.append(index)
+            else:
+                start = match.start()
+                offsets += [(start + begin, start + end) for begin, end in spans]
+                words += [index] * len(spans)
+        return ids, offsets, words
+
     def _extend(self, ids: list[int], text: str) -> None:
         words = self._words
         for word in _WORDS.findall(text):
@@ -278,3 +423,21 @@ class PlainWordPiece:
 
 def _described(encoding: Encoding | PlainEncoding) -> tuple:
     return (encoding.ids, encoding.type_ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask)
+
+
+def _pair_described(encoding: Encoding | PlainPairEncoding) -> tuple:
+    """All QA reads of a window, each word's characters in each text included."""
+    words = [
+        None if word is None or sequence is None else encoding.word_to_chars(word, sequence)
+        for word, sequence in zip(encoding.word_ids, encoding.sequence_ids, strict=True)
+    ]
+    return (
+        encoding.ids,
+        encoding.type_ids,
+        encoding.offsets,
+        encoding.special_tokens_mask,
+        encoding.sequence_ids,
+        encoding.word_ids,
+        [encoding.token_to_word(token) for token in range(len(encoding))],
+        words,
+    )

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # the engine takes rows and never loads a tokenizer
-    from tokenizers import Encoding
 
-    from bertcore.plain_wordpiece import PlainEncoding, TokenIds
+class Encoded(Protocol):
+    """What a row is made of: a tokenizer's encoding, or what a task makes without it (`bertcore.plain_wordpiece`)."""
+
+    @property
+    def ids(self) -> list[int]: ...
+
+    @property
+    def type_ids(self) -> list[int]: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -25,7 +30,7 @@ class Row:
     token_type_ids: np.ndarray  # int64, shape (length,)
 
     @classmethod
-    def from_encoding(cls, encoding: Encoding | TokenIds | PlainEncoding) -> Row:
+    def from_encoding(cls, encoding: Encoded) -> Row:
         return cls(np.asarray(encoding.ids, dtype=np.int64), np.asarray(encoding.type_ids, dtype=np.int64))
 
     def __len__(self) -> int:

@@ -7,8 +7,8 @@ truncation for one call never races with another thread's encode.
 Plain ASCII text (`plain_ascii`) of a WordPiece model is encoded with the tokenizer's normalizer swapped for the
 lowercasing it comes to on such text: BertNormalizer's unicode work changes nothing there, and was ~28% of encoding
 it. The swap is checked on probes when the tokenizer loads; the encodings are the same (ids, offsets, words).
-Where a task needs only ids (`encode_ids_batch`) or a lone text's windows (`encode_windows`), such text of a BERT
-tokenizer skips the library altogether (`bertcore.plain_wordpiece`).
+Where a task needs only ids (`encode_ids_batch`), a lone text's windows (`encode_windows`) or a question and context's
+(`encode_pair_windows`), such text of a BERT tokenizer skips the library altogether (`bertcore.plain_wordpiece`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from tokenizers import Encoding, Tokenizer, normalizers
 
-from bertcore.plain_wordpiece import PlainEncoding, PlainWordPiece, TokenIds
+from bertcore.plain_wordpiece import PlainEncoding, PlainPairEncoding, PlainWordPiece, TokenIds
 
 TruncationStrategy = Literal["longest_first", "only_first", "only_second"]
 # A text (or pair) this short is encoded holding the GIL (`Tokenizer.encode`: tens of microseconds), not through
@@ -113,6 +113,11 @@ class TextTokenizer:
     def makes_plain_windows(self) -> bool:
         """Whether `encode_windows` makes plain-ASCII text's windows itself (`PlainWordPiece.windows`)."""
         return self._plain_ids is not None and self._plain_ids.makes_windows
+
+    @property
+    def makes_plain_pair_windows(self) -> bool:
+        """Whether `encode_pair_windows` makes plain-ASCII pairs' windows itself."""
+        return self._plain_ids is not None and self._plain_ids.makes_pair_windows
 
     @property
     def plain_words_remembered(self) -> int:
@@ -219,6 +224,19 @@ class TextTokenizer:
             if windows is not None:
                 return windows
         return self.encode(text, max_length=max_length, stride=stride)
+
+    def encode_pair_windows(
+        self, first: str, second: str, max_length: int | None, stride: int = 0
+    ) -> Sequence[Encoding | PlainPairEncoding]:
+        """A pair's windows truncating only the second text at `max_length` (None: untruncated) with `stride`
+        tokens of overlap, as `encode(..., strategy="only_second")` makes them, with what QA reads of them (ids,
+        segments, offsets, special-token marks, sequence ids, words): a plain ASCII pair of a BERT tokenizer through
+        `PlainWordPiece`, the rest through `encode`."""
+        if self._plain_ids is not None and plain_ascii(first) and plain_ascii(second):
+            windows = self._plain_ids.pair_windows(first, second, max_length, stride)
+            if windows is not None:
+                return windows
+        return self.encode(first, second, max_length=max_length, stride=stride, strategy="only_second")
 
     def encode_ids_batch(self, items: Sequence[str | tuple[str, str]]) -> list[Encoding | TokenIds]:
         """The ids and type ids of many texts (or pairs), untruncated, for tasks that never map a token back to the

@@ -67,6 +67,7 @@ Where ours differs on purpose
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -74,6 +75,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
+from bertcore.plain_wordpiece import PlainPairEncoding
 from bertcore.rows import Row
 from bertcore.tasks.errors import TaskInputError
 from bertcore.tokenization import TextTokenizer
@@ -166,7 +168,7 @@ class WindowPlan:
     windows: int
     # The windows, where they were built already: the untruncated pair when it fits in one window, or a long
     # context's windows (`plan_from_windows`); None where `prepare` builds them.
-    encodings: list[Encoding] | None
+    encodings: Sequence[Encoding | PlainPairEncoding] | None
 
     def windows_at(self, max_seq_len: int, doc_stride: int) -> int | None:
         """Windows the same pair needs at another max_seq_len and doc_stride; None where it cannot be cut."""
@@ -178,7 +180,7 @@ class QaFeatures:
     """One input row per window, and what post-processing needs of each window."""
 
     rows: list[Row]
-    encodings: list[Encoding]  # the tokenizer's windows: words and character offsets
+    encodings: Sequence[Encoding | PlainPairEncoding]  # the tokenizer's windows: words and character offsets
     candidates: list[np.ndarray]  # bool per token: may start or end an answer (context tokens and CLS)
     max_seq_len: int
     doc_stride: int
@@ -435,14 +437,16 @@ def _context_sequence(tokenizer: TextTokenizer) -> int:
 
 def _encode(
     tokenizer: TextTokenizer, question: str, context: str, max_length: int | None = None, stride: int = 0
-) -> list[Encoding]:
+) -> Sequence[Encoding | PlainPairEncoding]:
     """The pair in the pipeline's order, the context truncated into windows (with `max_length`)."""
     if context_first(tokenizer):
         return tokenizer.encode(context, question, max_length=max_length, stride=stride, strategy="only_first")
-    return tokenizer.encode(question, context, max_length=max_length, stride=stride, strategy="only_second")
+    return tokenizer.encode_pair_windows(question, context, max_length, stride)
 
 
-def _candidate_tokens(encoding: Encoding, every_token: bool = False, ids: np.ndarray | None = None) -> np.ndarray:
+def _candidate_tokens(
+    encoding: Encoding | PlainPairEncoding, every_token: bool = False, ids: np.ndarray | None = None
+) -> np.ndarray:
     """Context tokens, and every token holding the CLS id (the special token the template puts first); every
     token where the context comes first (the pipeline's p_mask is all zeros there). `ids`: the encoding's ids as an
     array, where made already (its row's).
@@ -660,7 +664,9 @@ class _CharSpans:
 
     __slots__ = ("_align", "_encoding", "_offsets", "_sequence", "_words")
 
-    def __init__(self, encoding: Encoding, align_to_words: bool, sequence: int = CONTEXT_SEQUENCE) -> None:
+    def __init__(
+        self, encoding: Encoding | PlainPairEncoding, align_to_words: bool, sequence: int = CONTEXT_SEQUENCE
+    ) -> None:
         self._encoding = encoding
         self._align = align_to_words
         self._sequence = sequence

@@ -12,7 +12,7 @@ from tokenizers import Encoding, Tokenizer
 
 from benchmarks.realdata import conll03, shared_available, squad, sst2
 from bertcore import plain_wordpiece
-from bertcore.plain_wordpiece import PlainEncoding, PlainWordPiece, TokenIds
+from bertcore.plain_wordpiece import PlainEncoding, PlainPairEncoding, PlainWordPiece, TokenIds
 from bertcore.tokenization import TextTokenizer, plain_ascii
 from tests.tiny_models import FAMILIES, make_tokenizer
 
@@ -103,6 +103,67 @@ def test_windows_are_the_librarys_offsets_and_all_for_every_family(arch: str) ->
             plain = tokenizer.makes_plain_windows and plain_text(tokenizer_json, text)
             assert all(isinstance(window, PlainEncoding if plain else Encoding) for window in got), text
     assert len(tokenizer.encode_windows(long_text, 12, 3)) > 10
+
+
+PAIR_WINDOWINGS = [None, (384, 128), (24, 4), (16, 6)]
+
+
+def pair_described(encoding: Encoding | PlainPairEncoding) -> tuple:
+    """Everything QA reads of a window: each token's word and that word's characters in its text included."""
+    tokens = range(len(encoding))
+    words = [encoding.token_to_word(token) for token in tokens]
+    chars = [
+        None if word is None or sequence is None else encoding.word_to_chars(word, sequence)
+        for word, sequence in zip(words, encoding.sequence_ids, strict=True)
+    ]
+    return (
+        encoding.ids,
+        encoding.type_ids,
+        encoding.offsets,
+        encoding.special_tokens_mask,
+        encoding.sequence_ids,
+        words,
+        chars,
+    )
+
+
+def library_pair_windows(tokenizer_json: str, first: str, second: str, windowing: tuple[int, int] | None) -> list:
+    library = library_of(tokenizer_json)
+    if windowing is None:
+        library.no_truncation()
+    else:
+        library.enable_truncation(windowing[0], stride=windowing[1], strategy="only_second", direction="right")
+    encoding = library.encode(first, second)
+    return [pair_described(window) for window in [encoding, *encoding.overflowing]]
+
+
+@pytest.mark.parametrize("arch", ALL_FAMILIES)
+def test_pair_windows_are_the_librarys_words_and_all_for_every_family(arch: str) -> None:
+    """QA's windows of a question and its context: ids, segments, offsets, marks, sequence ids, each token's word
+    and that word's characters (a word cut by a window's edge: its pieces inside), as the library makes them."""
+    tokenizer_json = make_tokenizer(arch).backend_tokenizer.to_str()
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    assert tokenizer.makes_plain_pair_windows == (arch in WORDPIECE)
+    long_context = " ".join(PLAIN[:9]) * 3
+    questions = ["Who won?", "What is it, Mr. X?", OTHER[0], OTHER[4]]
+    checked = 0
+    for question in questions:
+        for context in [*PLAIN[:9], *OTHER, long_context]:
+            if not context.strip() or not question.strip():
+                continue
+            for windowing in PAIR_WINDOWINGS:
+                try:
+                    expected = library_pair_windows(tokenizer_json, question, context, windowing)
+                except BaseException:  # the library's own refusal (no room for the context): QA checks it first
+                    continue
+                got = tokenizer.encode_pair_windows(question, context, *(windowing or (None, 0)))
+                assert [pair_described(window) for window in got] == expected, (question, context, windowing)
+                plain = tokenizer.makes_plain_pair_windows and all(
+                    plain_text(tokenizer_json, text) for text in (question, context)
+                )
+                assert all(isinstance(window, PlainPairEncoding if plain else Encoding) for window in got)
+                checked += len(got)
+    assert checked > 100
 
 
 @pytest.mark.parametrize("lowercase", [True, False])
@@ -222,3 +283,20 @@ def test_the_ner_checkpoints_windows_of_real_text_are_the_librarys() -> None:
                 tokenizer_json, text, max_length, stride
             ), text
     assert made > 0.9 * 2 * len(texts)
+
+
+@pytest.mark.skipif(not shared_available(), reason="../shared (real checkpoints and data) is absent")
+def test_the_qa_checkpoints_pair_windows_of_real_text_are_the_librarys() -> None:
+    from benchmarks.realdata import SHARED
+
+    pairs = [(question, context) for question, context, _ in squad(300)]
+    tokenizer_json = (SHARED / "models" / "minilm-bert-squad" / "tokenizer.json").read_text(encoding="utf-8")
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    made = 0
+    for windowing in ((384, 128), (64, 16)):
+        for question, context in pairs:
+            windows = tokenizer.encode_pair_windows(question, context, *windowing)
+            made += isinstance(windows[0], PlainPairEncoding)
+            expected = library_pair_windows(tokenizer_json, question, context, windowing)
+            assert [pair_described(window) for window in windows] == expected, question
+    assert made > 0.5 * 2 * len(pairs)  # the rest hold curly quotes, dashes, accented names

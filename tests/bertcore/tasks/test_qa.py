@@ -622,14 +622,13 @@ def test_windows_are_built_first_only_where_that_is_cheap(
 ) -> None:
     tokenizer, question = tiny_bert.tokenizer, "Who met in Brussels?"  # 5 tokens, 8 with the special tokens
     pairs: list[int | None] = []  # max_length of each encoding of a question with its context
-    encode = tokenizer.encode
+    encode = tokenizer.encode_pair_windows
 
-    def recording(text: str, pair: str | None = None, **options: Any) -> Any:
-        if pair is not None:
-            pairs.append(options.get("max_length"))
-        return encode(text, pair, **options)
+    def recording(first: str, second: str, max_length: int | None, stride: int = 0) -> Any:
+        pairs.append(max_length)
+        return encode(first, second, max_length, stride)
 
-    monkeypatch.setattr(tokenizer, "encode", recording)
+    monkeypatch.setattr(tokenizer, "encode_pair_windows", recording)
     long_context = LONG_CONTEXT * 4
     (features,) = qa.prepare_all(tokenizer, [(question, long_context)], qa.QaParams(), 64, 1536)
     assert len(features.rows) > 4 and pairs == [64]  # encoded once, into its windows
@@ -729,14 +728,14 @@ def test_a_request_past_the_window_limit_is_refused_before_any_window_is_built(
 ) -> None:
     tokenizer, question, long_context = tiny_bert.tokenizer, "Who met in Brussels?", LONG_CONTEXT * 30
     windowed: list[int] = []  # max_length of each encode call that builds windows
-    encode = tokenizer.encode
+    encode = tokenizer.encode_pair_windows
 
-    def recording(text: str, pair: str | None = None, **options: Any) -> Any:
-        if options.get("max_length") is not None:
-            windowed.append(options["max_length"])
-        return encode(text, pair, **options)
+    def recording(first: str, second: str, max_length: int | None, stride: int = 0) -> Any:
+        if max_length is not None:
+            windowed.append(max_length)
+        return encode(first, second, max_length, stride)
 
-    monkeypatch.setattr(tokenizer, "encode", recording)
+    monkeypatch.setattr(tokenizer, "encode_pair_windows", recording)
 
     def refused(pairs: list[tuple[str, str]], limit: int, **params: Any) -> qa.QaInputError:
         with pytest.raises(qa.QaInputError) as caught:
