@@ -108,23 +108,8 @@ def test_windows_are_the_librarys_offsets_and_all_for_every_family(arch: str) ->
 PAIR_WINDOWINGS = [None, (384, 128), (24, 4), (16, 6)]
 
 
-def pair_described(encoding: Encoding | PlainPairEncoding) -> tuple:
-    """Everything QA reads of a window: each token's word and that word's characters in its text included."""
-    tokens = range(len(encoding))
-    words = [encoding.token_to_word(token) for token in tokens]
-    chars = [
-        None if word is None or sequence is None else encoding.word_to_chars(word, sequence)
-        for word, sequence in zip(words, encoding.sequence_ids, strict=True)
-    ]
-    return (
-        encoding.ids,
-        encoding.type_ids,
-        encoding.offsets,
-        encoding.special_tokens_mask,
-        encoding.sequence_ids,
-        words,
-        chars,
-    )
+# Everything QA reads of a window: each token's word and that word's characters in its text included
+pair_described = plain_wordpiece._pair_described
 
 
 def library_pair_windows(tokenizer_json: str, first: str, second: str, windowing: tuple[int, int] | None) -> list:
