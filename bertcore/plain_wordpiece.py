@@ -296,22 +296,7 @@ class PlainWordPiece:
             else:
                 start = match.start()
                 offsets += [(start + begin, start + end) for begin, end in spans]
-        count = len(ids)
-        ranges = [(0, count)]
-        if count > capacity:  # windows of `capacity` tokens, each `capacity - stride` on, until one reaches the end
-            starts = range(0, count, capacity - stride)
-            ranges = [(start, min(start + capacity, count)) for start in starts if start == 0 or start + stride < count]
         part_type = template.part_types[0]
-        if len(ranges) == 1:  # most texts: one window, no slices to take
-            return [
-                PlainEncoding(
-                    template.ids[0] + ids + template.ids[1],
-                    template.types[0] + [part_type] * count + template.types[1],
-                    template.tokens[0] + tokens + template.tokens[1],
-                    template.offsets[0] + offsets + template.offsets[1],
-                    template.special[0] + [0] * count + template.special[1],
-                )
-            ]
         return [
             PlainEncoding(
                 template.ids[0] + ids[start:stop] + template.ids[1],
@@ -320,7 +305,7 @@ class PlainWordPiece:
                 template.offsets[0] + offsets[start:stop] + template.offsets[1],
                 template.special[0] + [0] * (stop - start) + template.special[1],
             )
-            for start, stop in ranges
+            for start, stop in _window_ranges(len(ids), capacity, stride)
         ]
 
     def pair_windows(
@@ -344,14 +329,12 @@ class PlainWordPiece:
         template = self._pair
         before, between, after = (len(template.ids[0]), len(template.ids[1]), len(template.ids[2]))
         fixed = before + len(first_ids) + between + after
-        count = len(ids)
-        ranges = [(0, count)]
-        if max_length is not None and fixed + count > max_length:
+        ranges = [(0, len(ids))]
+        if max_length is not None and fixed + len(ids) > max_length:
             capacity = max_length - fixed
             if not 0 <= stride < capacity:
                 return None
-            starts = range(0, count, capacity - stride)
-            ranges = [(start, min(start + capacity, count)) for start in starts if start == 0 or start + stride < count]
+            ranges = _window_ranges(len(ids), capacity, stride)
         head_ids = template.ids[0] + first_ids + template.ids[1]
         first_type, second_type = template.part_types
         head_types = template.types[0] + [first_type] * len(first_ids) + template.types[1]
@@ -359,7 +342,7 @@ class PlainWordPiece:
         head_special = template.special[0] + [0] * len(first_ids) + template.special[1]
         head_sequences: list[int | None] = [None] * before + [0] * len(first_ids) + [None] * between
         head_words: list[int | None] = [None] * before + first_words + [None] * between
-        runs = ((before, before + len(first_ids)), (len(head_ids), 0))
+        first_run = (before, before + len(first_ids))
         windows = []
         for start, stop in ranges:
             size = stop - start
@@ -371,7 +354,7 @@ class PlainWordPiece:
                     head_special + [0] * size + template.special[2],
                     head_sequences + [1] * size + [None] * after,
                     head_words + words[start:stop] + [None] * after,
-                    (runs[0], (len(head_ids), len(head_ids) + size)),
+                    (first_run, (len(head_ids), len(head_ids) + size)),
                 )
             )
         return windows
@@ -419,6 +402,13 @@ class PlainWordPiece:
         if len(self._words) < MAX_WORDS:
             self._words[word] = pieces
         return pieces
+
+
+def _window_ranges(count: int, capacity: int, stride: int) -> list[tuple[int, int]]:
+    """The library's windows over `count` tokens (`Encoding::truncate`): `capacity` tokens each, each `capacity -
+    stride` on from the last, until one reaches the end; one window where all fit."""
+    starts = range(0, count, capacity - stride) if count > capacity else [0]
+    return [(start, min(start + capacity, count)) for start in starts if start == 0 or start + stride < count]
 
 
 def _described(encoding: Encoding | PlainEncoding) -> tuple:

@@ -87,13 +87,11 @@ class TextTokenizer:
         self._plain_normalizer = _plain_ascii_normalizer(tokenizer_json)
         if self._plain_normalizer is not None and not self._plain_agrees(loaded, self._plain_normalizer):
             self._plain_normalizer = None
-        # ... and where only ids are asked for (`encode_ids_batch`), a BERT pipeline's are made without the library
+        # ... and where a task reads less than a whole encoding, a BERT pipeline's are made without the library
+        # (checked against the loaded tokenizer, its own normalizer back in place after the check above)
         self._plain_ids = None
         if self._plain_normalizer is not None:
-            own = Tokenizer.from_str(self._json)
-            own.no_padding()
-            own.no_truncation()
-            self._plain_ids = PlainWordPiece.of(self._json, own, self._plain_normalizer is normalizers.Lowercase)
+            self._plain_ids = PlainWordPiece.of(self._json, loaded, self._plain_normalizer is normalizers.Lowercase)
 
     @classmethod
     def load(cls, path: Path, pad_token_id: int, padding_side: str = "right") -> TextTokenizer:
@@ -128,8 +126,11 @@ class TextTokenizer:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         full = [_described(tokenizer.encode(text, pair)) for text, pair in _PLAIN_PROBES]
+        own = tokenizer.normalizer
         tokenizer.normalizer = plain_normalizer()
-        return full == [_described(tokenizer.encode(text, pair)) for text, pair in _PLAIN_PROBES]
+        light = [_described(tokenizer.encode(text, pair)) for text, pair in _PLAIN_PROBES]
+        tokenizer.normalizer = own
+        return full == light
 
     def _tokenizer(self) -> Tokenizer:
         """This thread's copy of the tokenizer (its normalizer and truncation as its last call asked)."""
@@ -232,7 +233,7 @@ class TextTokenizer:
         tokens of overlap, as `encode(..., strategy="only_second")` makes them, with what QA reads of them (ids,
         segments, offsets, special-token marks, sequence ids, words): a plain ASCII pair of a BERT tokenizer through
         `PlainWordPiece`, the rest through `encode`."""
-        if self._plain_ids is not None and plain_ascii(first) and plain_ascii(second):
+        if self._plain_ids is not None and _plain(first, second):
             windows = self._plain_ids.pair_windows(first, second, max_length, stride)
             if windows is not None:
                 return windows
