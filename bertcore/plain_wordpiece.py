@@ -1,9 +1,12 @@
-"""Token ids of plain ASCII text for a WordPiece model, without the tokenizers library's per-text machinery.
+"""Token ids of plain text for a WordPiece model, without the tokenizers library's per-text machinery.
 
 For text `plain_ascii` accepts, a BERT tokenizer (BertNormalizer, BertPreTokenizer, WordPiece, a template of special
 tokens) comes to: lowercase (where the model is uncased), split into runs of letters and digits and single
 punctuation characters (every other printable ASCII character is punctuation to BERT), each run through WordPiece,
-the template around. The library does that in ~30 µs for a 25-token sentence, most of it building the normalized
+the template around. Beyond ASCII, the characters the normalizer turns into one character each (accented letters,
+curly quotes, dashes, Greek, Cyrillic, ...: a tokenizer's `_Alphabet`, read off its normalizer when it loads) are
+folded into what the normalizer makes of them first; every character keeps its position, so offsets are the
+text's own. The library does that in ~30 µs for a 25-token sentence, most of it building the normalized
 string's alignments, offsets and the encoding's Python object; a task that only needs the ids (classification,
 rerank, embeddings) gets them here in a few µs: each word's pieces come from the tokenizer's own WordPiece model and
 are remembered, and the template's tokens and segments are read off the tokenizer's encodings of probe texts.
@@ -13,7 +16,8 @@ it) and the windows cut as the library's truncation cuts them; QA's windows of a
 the context cut), with sequence ids and each token's word.
 
 What is not certain to come out alike falls back to the library: text holding an added token's content (`[SEP]`
-typed into a review) and every tokenizer that is not this pipeline. Before it serves, a tokenizer's probes must come
+typed into a review), control characters, a character beyond the tokenizer's alphabet (CJK, combining marks,
+format characters), and every tokenizer that is not this pipeline. Before it serves, a tokenizer's probes must come
 out equal both ways (ids and type ids; for windows also tokens, offsets and special-token marks, at several window
 sizes and strides, or windows are left to the library).
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import cast
@@ -31,6 +36,13 @@ from tokenizers import Encoding, Tokenizer
 # BertPreTokenizer on ASCII without control characters: whitespace splits, punctuation (every printable ASCII
 # character but letters and digits) stands alone
 _WORDS = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9\s]")
+# Control characters besides tab, newline and carriage return: BertNormalizer (clean_text) drops them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_BEYOND_ASCII = re.compile(r"[^\x00-\x7f]+")
+# The characters beyond ASCII looked at when a tokenizer loads (`_Alphabet`): Latin with its accents, Greek,
+# Cyrillic, the other alphabets, general punctuation (curly quotes, dashes, no-break spaces), currency and other
+# symbols; below CJK's, whose characters BertNormalizer sets apart with spaces
+_BEYOND_ASCII_LOOKED_AT = range(0x80, 0x3000)
 # Words remembered per tokenizer and process (~400 bytes each with their tokens and offsets: at most ~7 MiB; SST-2,
 # CoNLL-2003 and 3,000 SQuAD paragraphs hold ~16,000): past this, a word not seen yet is split each time it comes
 MAX_WORDS = 16_384
@@ -40,7 +52,18 @@ _PROBES = (
     ("MiXeD CaSe 1,000,000 $5.99 50% #hash ~`^|\\/<>=+*", "supercalifragilisticexpialidocious" * 4),
     ("", None),
     ("", "only the second"),
+    # beyond ASCII: accents stripped (or kept), curly quotes, dashes, a no-break space, Greek (a final capital
+    # sigma), Cyrillic, a dotted capital I, symbols, and a word of several pieces with accents
+    ("Café «Zoë» — naïve résumé, \u2018quoted\u2019 “double” ½ €5 °C\u00a0\u039fΔ\u039fΣ Кириллица", None),
+    ("straße İstanbul fine… Ünïcödéwördsthätgöönandön", "x"),
+    ("Ärger über Öl: Ünïcödé\u2010dash \u2013 Ωmega ™ ©", "Ça va? «Ñandú» Ελληνικά"),
 )
+
+
+def plain_ascii(text: str) -> bool:
+    """ASCII without control characters (tab, newline and carriage return allowed): all that BertNormalizer does to
+    such text is lowercase it (and map whitespace to spaces, which the pre-tokenizer splits on alike)."""
+    return text.isascii() and (text.isprintable() or _CONTROL.search(text) is None)
 
 
 class TokenIds:
@@ -150,6 +173,61 @@ class _Template:
         self.special = [encoding.special_tokens_mask[a:b] for a, b in cuts]
 
 
+class _Alphabet:
+    """The characters beyond ASCII that a tokenizer's normalizer turns into exactly one character each, what each
+    becomes (an accented letter its base letter where accents are stripped, a no-break space a space, a curly quote
+    itself; lowercased where the model is uncased), and how the pre-tokenizer splits text of them.
+
+    Text of plain ASCII and these characters keeps every character's position through normalization, so the
+    library's offsets are the positions in the normalized text, as for ASCII. Each is read off the tokenizer's own
+    normalizer and pre-tokenizer, one character at a time: BertNormalizer's work on a character that is not a mark
+    depends on that character alone (its cleaning, accents stripped through NFD, lowercasing character by
+    character: no final sigma), and BertPreTokenizer's on its class (whitespace, punctuation, a word's). Marks and
+    control or format characters (dropped, or reordered by NFD), CJK (padded with spaces) and every character whose
+    normalized form is not one character (İ lowercased where accents stay) are left to the library, with the
+    text that holds them."""
+
+    def __init__(self, tokenizer: Tokenizer, lowercase: bool) -> None:
+        normalizer, pre_tokenizer = tokenizer.normalizer, tokenizer.pre_tokenizer
+        self.fold: dict[str, str] = {}  # a character -> what the normalizer makes it
+        word_chars: set[str] = set()  # what the normalizer makes of them that is part of a word (not ASCII)
+        for code in _BEYOND_ASCII_LOOKED_AT:
+            char = chr(code)
+            if unicodedata.category(char)[0] in "CM" or unicodedata.combining(char):
+                continue
+            normal = normalizer.normalize_str(char)
+            if len(normal) != 1 or (lowercase and normal.lower() != normal):  # lowercased ASCII beside it: stays
+                continue
+            pieces = [piece for piece, _ in pre_tokenizer.pre_tokenize_str(f"a{normal}b")]
+            if pieces == ["a", "b"]:
+                self.fold[char] = " "
+            elif pieces == ["a", normal, "b"]:
+                self.fold[char] = normal
+            elif pieces == [f"a{normal}b"]:
+                self.fold[char] = normal
+                if not normal.isascii():
+                    word_chars.add(normal)
+        letters = "".join(re.escape(char) for char in sorted(word_chars))
+        # BertPreTokenizer on the normalized text: runs of word characters, each other character but space alone
+        self.words = re.compile(f"[A-Za-z0-9{letters}]+|[^A-Za-z0-9 \t\n\r{letters}]")
+
+    def normalized(self, text: str) -> str | None:
+        """`text` (not ASCII) with each of its characters beyond ASCII as the normalizer makes it; None where one
+        is not in the alphabet."""
+        try:
+            return _BEYOND_ASCII.sub(self._fold_run, text)
+        except KeyError:
+            return None
+
+    def _fold_run(self, match: re.Match[str]) -> str:
+        fold = self.fold
+        return "".join([fold[char] for char in match[0]])
+
+
+# A normalizer's settings (as tokenizer.json has them) and the case derived for it -> its alphabet
+_ALPHABETS: dict[tuple[str, bool], _Alphabet] = {}
+
+
 def _find(ids: list[int], part: list[int], start: int) -> int:
     for at in range(start, len(ids) - len(part) + 1):
         if ids[at : at + len(part)] == part:
@@ -158,16 +236,17 @@ def _find(ids: list[int], part: list[int], start: int) -> int:
 
 
 class PlainWordPiece:
-    """Ids and type ids of plain ASCII text (or pairs), and a text's windows, equal to the tokenizer's, for one
+    """Ids and type ids of plain text (or pairs), and a text's or a pair's windows, equal to the tokenizer's, for one
     tokenizer."""
 
-    def __init__(self, tokenizer: Tokenizer, lowercase: bool, added: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, lowercase: bool, added: Sequence[str], alphabet: _Alphabet) -> None:
         self._model = tokenizer.model
         self._lowercase = lowercase
         # an added token's content anywhere in lowercased text (one search, not one per token)
         contents = sorted({content.lower() for content in added if content}, key=len, reverse=True)
         self._added = re.compile("|".join(map(re.escape, contents))) if contents else None
         self._words: dict[str, _Pieces] = {}
+        self._alphabet = alphabet
         self._single = _Template(tokenizer, "probe words", None)
         self._pair = _Template(tokenizer, "first probe", "second probe")
         self._windows_agree = False  # until `of` has checked them
@@ -182,12 +261,19 @@ class PlainWordPiece:
         if model.get("type") != "WordPiece" or pre_tokenizer.get("type") != "BertPreTokenizer":
             return None
         added = [token["content"] for token in described.get("added_tokens") or []]
+        # one alphabet for every tokenizer of a normalizer (~50 ms to read off): a server's models share theirs
+        key = (json.dumps(described.get("normalizer"), sort_keys=True), lowercase)
+        alphabet = _ALPHABETS.get(key)
+        if alphabet is None:
+            alphabet = _ALPHABETS[key] = _Alphabet(tokenizer, lowercase)
         try:
-            plain = cls(tokenizer, lowercase, added)
+            plain = cls(tokenizer, lowercase, added, alphabet)
         except ValueError:
             return None
         for text, pair in _PROBES:
             encoding, ids = tokenizer.encode(text, pair), plain.ids(text, pair)
+            if ids is None and _beyond_ascii(text, pair):  # a character outside this tokenizer's alphabet
+                continue
             if ids is None or (ids.ids, ids.type_ids) != (encoding.ids, encoding.type_ids):
                 return None
         plain._windows_agree = all(plain._windows_as_library(tokenizer, windowing) for windowing in _WINDOWINGS)
@@ -210,6 +296,8 @@ class PlainWordPiece:
             encoding = tokenizer.encode(text)
             library = [_described(window) for window in [encoding, *encoding.overflowing]]
             windows = self._windows(text, max_length, stride)
+            if windows is None and _beyond_ascii(text, None):
+                continue
             if windows is None or [_described(window) for window in windows] != library:
                 return False
         return True
@@ -249,43 +337,60 @@ class PlainWordPiece:
         to the library too, to be sure)."""
         return self._added is not None and self._added.search(lowered) is not None
 
-    def ids(self, text: str, pair: str | None = None) -> TokenIds | None:
-        """The encoding's ids and type ids of plain ASCII text (the caller's check), None where the library must
-        encode it (an added token's content in it)."""
-        lowered = text.lower()
-        lowered_pair = None if pair is None else pair.lower()
-        if self._holds_added(lowered) or (lowered_pair is not None and self._holds_added(lowered_pair)):
+    def _normal(self, text: str) -> tuple[str, re.Pattern[str]] | None:
+        """The text as the normalizer makes it, character for character (each keeps its position), and how to split
+        it into words; None where the library must encode it: a control character, a character beyond ASCII outside
+        the tokenizer's `_Alphabet`, an added token's content."""
+        if text.isascii():
+            if not text.isprintable() and _CONTROL.search(text) is not None:
+                return None
+            lowered = text.lower()
+            if self._holds_added(lowered):
+                return None
+            return (lowered if self._lowercase else text), _WORDS
+        normal = self._alphabet.normalized(text)
+        if normal is None or _CONTROL.search(text) is not None:
             return None
-        if self._lowercase:
-            text, pair = lowered, lowered_pair
-        template = self._single if pair is None else self._pair
+        lowered = normal.lower()  # the characters beyond ASCII are already: only ASCII's letters change
+        if self._holds_added(lowered) or self._holds_added(text.lower()):
+            return None
+        return (lowered if self._lowercase else normal), self._alphabet.words
+
+    def ids(self, text: str, pair: str | None = None) -> TokenIds | None:
+        """The encoding's ids and type ids of a text (or pair) the tokenizer's normalizer keeps character for
+        character (`_normal`), None where the library must encode it."""
+        first = self._normal(text)
+        second = None if pair is None else self._normal(pair)
+        if first is None or (pair is not None and second is None):
+            return None
+        template = self._single if second is None else self._pair
         ids = list(template.ids[0])
         types = list(template.types[0])
-        for index, part in enumerate((text,) if pair is None else (text, pair)):
+        for index, (part, words) in enumerate((first,) if second is None else (first, second)):
             start = len(ids)
-            self._extend(ids, part)
+            self._extend(ids, part, words)
             types += [template.part_types[index]] * (len(ids) - start)
             ids += template.ids[index + 1]
             types += template.types[index + 1]
         return TokenIds(ids, types)
 
     def windows(self, text: str, max_length: int, stride: int) -> list[PlainEncoding] | None:
-        """A lone plain ASCII text's windows as the library makes them truncating at `max_length` with `stride`
+        """A lone text's windows as the library makes them truncating at `max_length` with `stride`
         tokens of overlap (the first, then its overflows), offsets and all; None where the library must encode it."""
         return self._windows(text, max_length, stride) if self._windows_agree else None
 
     def _windows(self, text: str, max_length: int, stride: int) -> list[PlainEncoding] | None:
-        lowered = text.lower()
         template = self._single
         capacity = max_length - len(template.ids[0]) - len(template.ids[1])
-        if self._holds_added(lowered) or not 0 <= stride < capacity:
+        normal = self._normal(text)
+        if normal is None or not 0 <= stride < capacity:
             return None
         ids: list[int] = []
         tokens: list[str] = []
         offsets: list[tuple[int, int]] = []
         words = self._words
         append_offsets = offsets.append
-        for match in _WORDS.finditer(lowered if self._lowercase else text):
+        for match in normal[1].finditer(normal[0]):
             word = match[0]
             pieces = words.get(word) or self._pieces(word)
             ids += pieces[0]
@@ -311,7 +416,7 @@ class PlainWordPiece:
     def pair_windows(
         self, first: str, second: str, max_length: int | None, stride: int
     ) -> list[PlainPairEncoding] | None:
-        """A plain ASCII pair's windows (QA's question and context) as the library makes them truncating only the
+        """A pair's windows (QA's question and context) as the library makes them truncating only the
         second text at `max_length` (None: one window, untruncated) with `stride` tokens of overlap; None where the
         library must encode it."""
         return self._pair_windows(first, second, max_length, stride) if self._pair_windows_agree else None
@@ -319,13 +424,11 @@ class PlainWordPiece:
     def _pair_windows(
         self, first: str, second: str, max_length: int | None, stride: int
     ) -> list[PlainPairEncoding] | None:
-        lowered_first, lowered_second = first.lower(), second.lower()
-        if self._holds_added(lowered_first) or self._holds_added(lowered_second):
+        normal_first, normal_second = self._normal(first), self._normal(second)
+        if normal_first is None or normal_second is None:
             return None
-        if self._lowercase:
-            first, second = lowered_first, lowered_second
-        first_ids, first_offsets, first_words = self._split(first)
-        ids, offsets, words = self._split(second)
+        first_ids, first_offsets, first_words = self._split(*normal_first)
+        ids, offsets, words = self._split(*normal_second)
         template = self._pair
         before, between, after = (len(template.ids[0]), len(template.ids[1]), len(template.ids[2]))
         fixed = before + len(first_ids) + between + after
@@ -359,13 +462,15 @@ class PlainWordPiece:
             )
         return windows
 
-    def _split(self, text: str) -> tuple[list[int], list[tuple[int, int]], list[int | None]]:
-        """A text's ids, offsets and words (each token's word's index) without special tokens."""
+    def _split(
+        self, text: str, word_pattern: re.Pattern[str]
+    ) -> tuple[list[int], list[tuple[int, int]], list[int | None]]:
+        """A normalized text's ids, offsets and words (each token's word's index) without special tokens."""
         ids: list[int] = []
         offsets: list[tuple[int, int]] = []
         words: list[int | None] = []
         known = self._words
-        for index, match in enumerate(_WORDS.finditer(text)):
+        for index, match in enumerate(word_pattern.finditer(text)):
             word = match[0]
             pieces = known.get(word) or self._pieces(word)
             ids += pieces[0]
@@ -379,29 +484,41 @@ class PlainWordPiece:
                 words += [index] * len(spans)
         return ids, offsets, words
 
-    def _extend(self, ids: list[int], text: str) -> None:
+    def _extend(self, ids: list[int], text: str, word_pattern: re.Pattern[str]) -> None:
         words = self._words
-        for word in _WORDS.findall(text):
+        for word in word_pattern.findall(text):
             ids += (words.get(word) or self._pieces(word))[0]
 
     def _pieces(self, word: str) -> _Pieces:
         """The word's pieces by the tokenizer's own WordPiece model, remembered while there is room."""
         tokens = self._model.tokenize(word)
-        if len(tokens) == 1 and tokens[0].value == word and tokens[0].offsets == (0, len(word)):
+        spans = [token.offsets for token in tokens]  # in bytes of the word's UTF-8
+        if not word.isascii():
+            spans = _in_characters(word, spans)
+        if len(tokens) == 1 and tokens[0].value == word and spans[0] == (0, len(word)):
             return self._remembered(word, ((tokens[0].id,), (word,), None))  # the word's own string, not a copy
         return self._remembered(
-            word,
-            (
-                tuple([token.id for token in tokens]),
-                tuple([token.value for token in tokens]),
-                tuple([token.offsets for token in tokens]),
-            ),
+            word, (tuple([token.id for token in tokens]), tuple([token.value for token in tokens]), tuple(spans))
         )
 
     def _remembered(self, word: str, pieces: _Pieces) -> _Pieces:
         if len(self._words) < MAX_WORDS:
             self._words[word] = pieces
         return pieces
+
+
+def _beyond_ascii(text: str, pair: str | None) -> bool:
+    return not text.isascii() or (pair is not None and not pair.isascii())
+
+
+def _in_characters(word: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Spans in bytes of a word's UTF-8 as spans in its characters (pieces start and end at characters)."""
+    character_at = {0: 0}
+    end = 0
+    for index, char in enumerate(word, 1):
+        end += len(char.encode("utf-8"))
+        character_at[end] = index
+    return [(character_at[start], character_at[stop]) for start, stop in spans]
 
 
 def _window_ranges(count: int, capacity: int, stride: int) -> list[tuple[int, int]]:

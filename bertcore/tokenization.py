@@ -8,13 +8,13 @@ Plain ASCII text (`plain_ascii`) of a WordPiece model is encoded with the tokeni
 lowercasing it comes to on such text: BertNormalizer's unicode work changes nothing there, and was ~28% of encoding
 it. The swap is checked on probes when the tokenizer loads; the encodings are the same (ids, offsets, words).
 Where a task needs only ids (`encode_ids_batch`), a lone text's windows (`encode_windows`) or a question and context's
-(`encode_pair_windows`), such text of a BERT tokenizer skips the library altogether (`bertcore.plain_wordpiece`).
+(`encode_pair_windows`), such text of a BERT tokenizer skips the library altogether (`bertcore.plain_wordpiece`), and
+so does text beyond ASCII whose every character the normalizer turns into one (accents, curly quotes, Greek, ...).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Callable, Sequence
 from functools import cached_property
@@ -23,14 +23,12 @@ from typing import Any, Literal
 
 from tokenizers import Encoding, Tokenizer, normalizers
 
-from bertcore.plain_wordpiece import PlainEncoding, PlainPairEncoding, PlainWordPiece, TokenIds
+from bertcore.plain_wordpiece import PlainEncoding, PlainPairEncoding, PlainWordPiece, TokenIds, plain_ascii
 
 TruncationStrategy = Literal["longest_first", "only_first", "only_second"]
 # A text (or pair) this short is encoded holding the GIL (`Tokenizer.encode`: tens of microseconds), not through
 # `encode_batch`, which lets go of the GIL for longer work but costs more for one short text.
 SHORT_CHARS = 1000
-# Control characters besides tab, newline and carriage return: BertNormalizer (clean_text) drops them.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # What the tokenizer must encode alike with either normalizer, checked once per tokenizer before the plain one
 # serves: upper and lower case, digits, punctuation, contractions, whitespace of every kind BertNormalizer maps to a
 # space, special tokens' text, a URL
@@ -41,12 +39,6 @@ _PLAIN_PROBES = (
 )
 # Makes the normalizer that plain ASCII text is encoded with (None: no normalizer at all)
 PlainNormalizer = Callable[[], Any]
-
-
-def plain_ascii(text: str) -> bool:
-    """ASCII without control characters (tab, newline and carriage return allowed): all that BertNormalizer does to
-    such text is lowercase it (and map whitespace to spaces, which the pre-tokenizer splits on alike)."""
-    return text.isascii() and (text.isprintable() or _CONTROL.search(text) is None)
 
 
 def _plain(text: str, pair: str | None) -> bool:
@@ -77,6 +69,9 @@ class TextTokenizer:
         """From the text of a tokenizer.json (the file, or a fast tokenizer's `backend_tokenizer.to_str()`).
         `padding_side`: the model's (model.json); "left" (XLNet) also puts a QA context before its question."""
         self._json = tokenizer_json
+        # `encode_batch_fast` (no offsets) gives a pair's second text segment 0 where there is no post-processor
+        # (`encode_batch`, as transformers calls it, gives 1): such a tokenizer's batches keep their offsets
+        self._fast_batches = json.loads(tokenizer_json).get("post_processor") is not None
         self.padding_side = padding_side
         loaded = Tokenizer.from_str(self._json)  # fail at load time, not on the first request
         self.max_token_id = max(loaded.get_vocab(with_added_tokens=True).values(), default=-1)
@@ -104,17 +99,17 @@ class TextTokenizer:
 
     @property
     def makes_plain_ids(self) -> bool:
-        """Whether `encode_ids_batch` makes plain-ASCII text's ids itself (`PlainWordPiece`)."""
+        """Whether `encode_ids_batch` makes plain text's ids itself (`PlainWordPiece`)."""
         return self._plain_ids is not None
 
     @property
     def makes_plain_windows(self) -> bool:
-        """Whether `encode_windows` makes plain-ASCII text's windows itself (`PlainWordPiece.windows`)."""
+        """Whether `encode_windows` makes plain text's windows itself (`PlainWordPiece.windows`)."""
         return self._plain_ids is not None and self._plain_ids.makes_windows
 
     @property
     def makes_plain_pair_windows(self) -> bool:
-        """Whether `encode_pair_windows` makes plain-ASCII pairs' windows itself."""
+        """Whether `encode_pair_windows` makes plain pairs' windows itself."""
         return self._plain_ids is not None and self._plain_ids.makes_pair_windows
 
     @property
@@ -218,9 +213,9 @@ class TextTokenizer:
     def encode_windows(self, text: str, max_length: int, stride: int) -> Sequence[Encoding | PlainEncoding]:
         """A lone text's windows of at most `max_length` tokens overlapping by `stride`, as `encode` makes them, with
         what a task reads to map tokens back to the text (ids, type ids, tokens, offsets, special-token marks):
-        plain ASCII text of a BERT tokenizer through `PlainWordPiece` (~15-20 against ~37 µs a CoNLL-2003
-        sentence, the library's reads included), the rest through `encode`."""
-        if self._plain_ids is not None and plain_ascii(text):
+        plain text of a BERT tokenizer through `PlainWordPiece` (~15-20 against ~37 µs a CoNLL-2003 sentence,
+        the library's reads included), the rest through `encode`."""
+        if self._plain_ids is not None:
             windows = self._plain_ids.windows(text, max_length, stride)
             if windows is not None:
                 return windows
@@ -231,9 +226,9 @@ class TextTokenizer:
     ) -> Sequence[Encoding | PlainPairEncoding]:
         """A pair's windows truncating only the second text at `max_length` (None: untruncated) with `stride`
         tokens of overlap, as `encode(..., strategy="only_second")` makes them, with what QA reads of them (ids,
-        segments, offsets, special-token marks, sequence ids, words): a plain ASCII pair of a BERT tokenizer through
+        segments, offsets, special-token marks, sequence ids, words): a plain pair of a BERT tokenizer through
         `PlainWordPiece`, the rest through `encode`."""
-        if self._plain_ids is not None and _plain(first, second):
+        if self._plain_ids is not None:
             windows = self._plain_ids.pair_windows(first, second, max_length, stride)
             if windows is not None:
                 return windows
@@ -241,7 +236,7 @@ class TextTokenizer:
 
     def encode_ids_batch(self, items: Sequence[str | tuple[str, str]]) -> list[Encoding | TokenIds]:
         """The ids and type ids of many texts (or pairs), untruncated, for tasks that never map a token back to the
-        text: plain ASCII items of a BERT tokenizer through `PlainWordPiece` (~7 against ~35-45 µs an SST-2
+        text: plain items of a BERT tokenizer through `PlainWordPiece` (~7 against ~35-45 µs an SST-2
         sentence), the rest as `encode_batch(offsets=False)` encodes them."""
         plain_ids = self._plain_ids
         if plain_ids is None:
@@ -250,7 +245,7 @@ class TextTokenizer:
         rest: list[int] = []
         for index, item in enumerate(items):
             text, pair = (item, None) if isinstance(item, str) else item
-            encoding = plain_ids.ids(text, pair) if _plain(text, pair) else None
+            encoding = plain_ids.ids(text, pair)
             if encoding is None:
                 rest.append(index)
             encodings.append(encoding)
@@ -262,7 +257,8 @@ class TextTokenizer:
 
     def _batch(self, items: list[str | tuple[str, str]], plain: bool, offsets: bool) -> list[Encoding]:
         tokenizer = self._truncating(None, plain)
-        return tokenizer.encode_batch(items) if offsets else tokenizer.encode_batch_fast(items)
+        fast = not offsets and self._fast_batches
+        return tokenizer.encode_batch_fast(items) if fast else tokenizer.encode_batch(items)
 
     def count_tokens(self, text: str, pair: str | None = None) -> int:
         """Length with special tokens and without truncation."""
