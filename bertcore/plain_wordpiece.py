@@ -247,6 +247,7 @@ class PlainWordPiece:
         self._added = re.compile("|".join(map(re.escape, contents))) if contents else None
         self._words: dict[str, _Pieces] = {}
         self._alphabet = alphabet
+        self._last_first: tuple[str, list[int]] | None = None  # the last first text's ids, kept by identity
         self._single = _Template(tokenizer, "probe words", None)
         self._pair = _Template(tokenizer, "first probe", "second probe")
         self._windows_agree = False  # until `of` has checked them
@@ -359,20 +360,41 @@ class PlainWordPiece:
     def ids(self, text: str, pair: str | None = None) -> TokenIds | None:
         """The encoding's ids and type ids of a text (or pair) the tokenizer's normalizer keeps character for
         character (`_normal`), None where the library must encode it."""
-        first = self._normal(text)
-        second = None if pair is None else self._normal(pair)
-        if first is None or (pair is not None and second is None):
+        last = self._last_first  # one read: another thread may replace it
+        first: list[int] | None
+        second: list[int] | None = None
+        if pair is None:
+            first = self._part_ids(text)
+        elif last is not None and last[0] is text:  # rerank's query, first in each of a request's pairs
+            first = last[1]
+        else:
+            first = self._part_ids(text)
+            if first is not None:
+                self._last_first = (text, first)
+        if pair is not None:
+            second = self._part_ids(pair)
+            if second is None:
+                return None
+        if first is None:
             return None
         template = self._single if second is None else self._pair
-        ids = list(template.ids[0])
-        types = list(template.types[0])
-        for index, (part, words) in enumerate((first,) if second is None else (first, second)):
-            start = len(ids)
-            self._extend(ids, part, words)
-            types += [template.part_types[index]] * (len(ids) - start)
-            ids += template.ids[index + 1]
-            types += template.types[index + 1]
+        ids = template.ids[0] + first + template.ids[1]
+        types = template.types[0] + [template.part_types[0]] * len(first) + template.types[1]
+        if second is not None:
+            ids += second
+            ids += template.ids[2]
+            types += [template.part_types[1]] * len(second)
+            types += template.types[2]
         return TokenIds(ids, types)
+
+    def _part_ids(self, text: str) -> list[int] | None:
+        """A text's ids without special tokens; None where the library must encode it."""
+        normal = self._normal(text)
+        if normal is None:
+            return None
+        ids: list[int] = []
+        self._extend(ids, *normal)
+        return ids
 
     def windows(self, text: str, max_length: int, stride: int) -> list[PlainEncoding] | None:
         """A lone text's windows as the library makes them truncating at `max_length` with `stride`

@@ -248,10 +248,34 @@ def test_words_remembered_are_bounded_and_change_no_answer(monkeypatch: pytest.M
     assert tokenizer.plain_words_remembered == 5
 
 
+def test_a_query_shared_by_many_pairs_is_each_pairs_own() -> None:
+    """Rerank's pairs share their query (one object): its ids are made once and kept for the next pair; another
+    object, equal or not, another query, a pair the library must encode, lone texts between: every one the
+    library's."""
+    tokenizer_json = make_tokenizer("bert").backend_tokenizer.to_str()
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    query, other = "Which film is worth seeing?", "Is it naïve?"
+    same_text = "".join(["Which film is worth ", "seeing?"])  # equal, another object
+    items: list = [
+        *[(query, document) for document in [*PLAIN[:6], OTHER[0], *BEYOND]],
+        PLAIN[0],
+        (other, PLAIN[1]),
+        (query, PLAIN[2]),
+        (same_text, PLAIN[3]),
+        (OTHER[0], PLAIN[4]),
+        (query, PLAIN[5]),
+    ]
+    got = tokenizer.encode_ids_batch(items)
+    assert [(encoding.ids, encoding.type_ids) for encoding in got] == library_ids(tokenizer_json, items)
+    assert sum(isinstance(encoding, TokenIds) for encoding in got) >= len(items) - 3
+
+
 def test_threads_encoding_at_once_get_their_own_ids() -> None:
     tokenizer_json = make_tokenizer("bert").backend_tokenizer.to_str()
     tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
-    texts = [f"{word} number {n}, said {word.upper()}" for n, word in enumerate(["alpha", "beta", "gamma"] * 40)]
+    words = ["alpha", "beta", "gamma"] * 40
+    texts: list = [f"{word} number {n}, said {word.upper()}" for n, word in enumerate(words)]
+    texts += [(words[n % 3], text) for n, text in enumerate(texts)]  # pairs of three queries: each thread's own
     expected = library_ids(tokenizer_json, texts)
     failures: list[int] = []
 
