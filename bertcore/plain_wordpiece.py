@@ -242,8 +242,11 @@ class PlainWordPiece:
     def __init__(self, tokenizer: Tokenizer, lowercase: bool, added: Sequence[str], alphabet: _Alphabet) -> None:
         self._model = tokenizer.model
         self._lowercase = lowercase
-        # an added token's content anywhere in lowercased text (one search, not one per token)
-        contents = sorted({content.lower() for content in added if content}, key=len, reverse=True)
+        # an added token's content anywhere in lowercased text (one search, not one per token), as it is and as the
+        # normalizer makes it (the library matches a normalized token's in normalized text: "Café" in "cafe")
+        normalizer = tokenizer.normalizer
+        forms = {form.lower() for content in added for form in (content, normalizer.normalize_str(content))}
+        contents = sorted(forms - {""}, key=len, reverse=True)
         self._added = re.compile("|".join(map(re.escape, contents))) if contents else None
         self._words: dict[str, _Pieces] = {}
         self._alphabet = alphabet

@@ -157,3 +157,33 @@ def test_a_light_normalizer_that_would_encode_otherwise_is_not_used(monkeypatch:
         tokenizer.encode("Hello World")[0].ids
         != Tokenizer.from_str(json.dumps({**config, "normalizer": {"type": "Lowercase"}})).encode("Hello World").ids
     )
+
+
+@pytest.mark.parametrize("added", [["Café", "Zoë"], ["[NEW]", "plainword"]])
+def test_added_tokens_are_found_as_the_library_finds_them(added: list[str]) -> None:
+    """The library finds a normalized added token's content in the normalized text: an added "Café" in plain "cafe"
+    (BertNormalizer strips the accent, plain lowercasing would not). Where an added token's content normalizes
+    otherwise by lowercasing alone, plain text keeps the tokenizer's own normalizer and the library; ASCII added
+    tokens leave the light paths on. Every text the library's, lone, batched, by ids, in windows and pairs."""
+    library = make_tokenizer("bert")
+    library.add_tokens(added)
+    tokenizer_json = library.backend_tokenizer.to_str()
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    assert tokenizer.makes_plain_ids == tokenizer.normalizes_plain_ascii_lightly == all(map(str.isascii, added))
+    own = Tokenizer.from_str(tokenizer_json)
+    own.no_padding()
+    texts = ["cafe", "CAFE au lait", "Café", "naïve café", "zoe", "Zoë's", "plain words", "a plainword b [new]"]
+    expected = [(encoding.ids, encoding.type_ids) for encoding in own.encode_batch(texts)]
+    assert [(e.ids, e.type_ids) for e in (tokenizer.encode(text)[0] for text in texts)] == expected
+    assert [(e.ids, e.type_ids) for e in tokenizer.encode_batch(texts)] == expected
+    assert [(e.ids, e.type_ids) for e in tokenizer.encode_ids_batch(texts)] == expected
+    own.enable_truncation(6, stride=2, strategy="longest_first", direction="right")
+    for text in texts:
+        encoding = own.encode(text)
+        windows = [window.ids for window in [encoding, *encoding.overflowing]]
+        assert [window.ids for window in tokenizer.encode_windows(text, 6, 2)] == windows, text
+    own.enable_truncation(16, stride=2, strategy="only_second", direction="right")
+    for text in texts:
+        encoding = own.encode("Zoe?", text)
+        windows = [window.ids for window in [encoding, *encoding.overflowing]]
+        assert [window.ids for window in tokenizer.encode_pair_windows("Zoe?", text, 16, 2)] == windows, text
