@@ -25,6 +25,7 @@ NER_TEXTS = [
     "EU rejects German call to boycott British lamb.",
     "Nadim Ladki scored twice as Japan beat Syria 2-1 in the Asian Cup in Al-Ain.",
     "no entities here at all",
+    "José Mourinho\u2019s side beat Zürich in São Paulo \u2014 again, said Ελένη.",  # beyond ASCII, no library
 ]
 
 
