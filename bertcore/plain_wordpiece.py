@@ -346,14 +346,16 @@ class PlainWordPiece:
         it into words; None where the library must encode it: a control character, a character beyond ASCII outside
         the tokenizer's `_Alphabet`, an added token's content."""
         if text.isascii():
-            if not text.isprintable() and _CONTROL.search(text) is not None:
+            if not plain_ascii(text):
                 return None
             lowered = text.lower()
             if self._holds_added(lowered):
                 return None
             return (lowered if self._lowercase else text), _WORDS
+        if _CONTROL.search(text) is not None:
+            return None
         normal = self._alphabet.normalized(text)
-        if normal is None or _CONTROL.search(text) is not None:
+        if normal is None:
             return None
         lowered = normal.lower()  # the characters beyond ASCII are already: only ASCII's letters change
         if self._holds_added(lowered) or self._holds_added(text.lower()):
@@ -364,21 +366,17 @@ class PlainWordPiece:
         """The encoding's ids and type ids of a text (or pair) the tokenizer's normalizer keeps character for
         character (`_normal`), None where the library must encode it."""
         last = self._last_first  # one read: another thread may replace it
-        first: list[int] | None
-        second: list[int] | None = None
-        if pair is None:
-            first = self._part_ids(text)
-        elif last is not None and last[0] is text:  # rerank's query, first in each of a request's pairs
+        if pair is not None and last is not None and last[0] is text:  # rerank's query, first in each of its pairs
             first = last[1]
         else:
-            first = self._part_ids(text)
-            if first is not None:
-                self._last_first = (text, first)
-        if pair is not None:
-            second = self._part_ids(pair)
-            if second is None:
+            made = self._part_ids(text)
+            if made is None:
                 return None
-        if first is None:
+            first = made
+            if pair is not None:
+                self._last_first = (text, first)
+        second = None if pair is None else self._part_ids(pair)
+        if pair is not None and second is None:
             return None
         template = self._single if second is None else self._pair
         ids = template.ids[0] + first + template.ids[1]

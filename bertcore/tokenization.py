@@ -69,11 +69,11 @@ class TextTokenizer:
         """From the text of a tokenizer.json (the file, or a fast tokenizer's `backend_tokenizer.to_str()`).
         `padding_side`: the model's (model.json); "left" (XLNet) also puts a QA context before its question."""
         self._json = tokenizer_json
+        loaded = Tokenizer.from_str(self._json)  # fail at load time, not on the first request
         # `encode_batch_fast` (no offsets) gives a pair's second text segment 0 where there is no post-processor
         # (`encode_batch`, as transformers calls it, gives 1): such a tokenizer's batches keep their offsets
-        self._fast_batches = json.loads(tokenizer_json).get("post_processor") is not None
+        self._fast_batches = loaded.post_processor is not None
         self.padding_side = padding_side
-        loaded = Tokenizer.from_str(self._json)  # fail at load time, not on the first request
         self.max_token_id = max(loaded.get_vocab(with_added_tokens=True).values(), default=-1)
         self.pad_token_id = pad_token_id
         self._local = threading.local()
