@@ -31,7 +31,10 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import cast
 
+import numpy as np
 from tokenizers import Encoding, Tokenizer
+
+from bertcore.rows import ArrayTypes
 
 # BertPreTokenizer on ASCII without control characters: whitespace splits, punctuation (every printable ASCII
 # character but letters and digits) stands alone
@@ -66,50 +69,69 @@ def plain_ascii(text: str) -> bool:
     return text.isascii() and (text.isprintable() or _CONTROL.search(text) is None)
 
 
-class TokenIds:
+class _Segmented(ArrayTypes):
+    """An encoding whose segments are its template's around its parts: its type ids made from the parts' lengths
+    when asked for, as an array for a model input row (`type_array`) or as the library's list (`type_ids`)."""
+
+    __slots__ = ("_lengths", "_template")
+
+    def __init__(self, template: _Template, lengths: tuple[int, ...]) -> None:
+        self._template, self._lengths = template, lengths
+
+    def type_array(self) -> np.ndarray:
+        return self._template.type_array(self._lengths)
+
+    @property
+    def type_ids(self) -> list[int]:
+        return cast("list[int]", self.type_array().tolist())
+
+
+class TokenIds(_Segmented):
     """What a task that never maps a token back to the text needs of an encoding."""
 
-    __slots__ = ("ids", "type_ids")
+    __slots__ = ("ids",)
 
-    def __init__(self, ids: list[int], type_ids: list[int]) -> None:
+    def __init__(self, ids: list[int], template: _Template, lengths: tuple[int, ...]) -> None:
+        super().__init__(template, lengths)
         self.ids = ids
-        self.type_ids = type_ids
 
 
-class PlainEncoding:
+class PlainEncoding(_Segmented):
     """One window of a text as a task that maps tokens back to the text reads an encoding (NER)."""
 
-    __slots__ = ("ids", "offsets", "special_tokens_mask", "tokens", "type_ids")
+    __slots__ = ("ids", "offsets", "special_tokens_mask", "tokens")
 
     def __init__(
         self,
         ids: list[int],
-        type_ids: list[int],
+        template: _Template,
         tokens: list[str],
         offsets: list[tuple[int, int]],
         special_tokens_mask: list[int],
     ) -> None:
-        self.ids, self.type_ids, self.tokens = ids, type_ids, tokens
+        super().__init__(template, (len(ids) - template.fixed,))
+        self.ids, self.tokens = ids, tokens
         self.offsets, self.special_tokens_mask = offsets, special_tokens_mask
 
 
-class PlainPairEncoding:
+class PlainPairEncoding(_Segmented):
     """One window of a question and its context as QA reads an encoding: ids, segments, offsets (each into its own
     text), special-token marks, sequence ids, and each token's word (its index among its text's words)."""
 
-    __slots__ = ("_runs", "ids", "offsets", "sequence_ids", "special_tokens_mask", "type_ids", "word_ids")
+    __slots__ = ("_runs", "ids", "offsets", "sequence_ids", "special_tokens_mask", "word_ids")
 
     def __init__(
         self,
         ids: list[int],
-        type_ids: list[int],
+        template: _Template,
         offsets: list[tuple[int, int]],
         special_tokens_mask: list[int],
         sequence_ids: list[int | None],
         word_ids: list[int | None],
         runs: tuple[tuple[int, int], tuple[int, int]],
     ) -> None:
-        self.ids, self.type_ids, self.offsets = ids, type_ids, offsets
+        super().__init__(template, (runs[0][1] - runs[0][0], runs[1][1] - runs[1][0]))
+        self.ids, self.offsets = ids, offsets
         self.special_tokens_mask, self.sequence_ids, self.word_ids = special_tokens_mask, sequence_ids, word_ids
         self._runs = runs  # each text's tokens: [start, stop) in the window
 
@@ -171,6 +193,32 @@ class _Template:
         self.tokens = [encoding.tokens[a:b] for a, b in cuts]
         self.offsets = [encoding.offsets[a:b] for a, b in cuts]
         self.special = [encoding.special_tokens_mask[a:b] for a, b in cuts]
+        self.fixed = sum(len(ids) for ids in self.ids)  # the special tokens' count
+        # the segments as runs of one value, in order: each run's value, its special tokens' count, its parts
+        runs: list[tuple[int, int, tuple[int, ...]]] = []
+        for index, segment in enumerate(self.types):
+            marks: list[tuple[int, int | None]] = [(value, None) for value in segment]  # (segment, part or None)
+            if index < len(self.part_types):
+                marks.append((self.part_types[index], index))
+            for value, held in marks:
+                if not runs or runs[-1][0] != value:
+                    runs.append((value, 0, ()))
+                _, specials, parts = runs[-1]
+                runs[-1] = (value, specials + 1, parts) if held is None else (value, specials, (*parts, held))
+        self._segment_runs = [(specials, parts) for _, specials, parts in runs]
+        self._run_values = np.array([value for value, _, _ in runs], dtype=np.int64)
+        self._one_segment = runs[0][0] if len(runs) == 1 else None
+
+    def type_array(self, lengths: tuple[int, ...]) -> np.ndarray:
+        """The type ids (int64) of an encoding whose parts are `lengths` tokens long: one segment's (a lone text,
+        the common case) zeros or a fill, otherwise each run repeated."""
+        if self._one_segment is not None:
+            total = self.fixed + sum(lengths)
+            if self._one_segment == 0:
+                return np.zeros(total, dtype=np.int64)
+            return np.full(total, self._one_segment, dtype=np.int64)
+        counts = [specials + sum([lengths[part] for part in parts]) for specials, parts in self._segment_runs]
+        return np.repeat(self._run_values, counts)
 
 
 class _Alphabet:
@@ -378,15 +426,14 @@ class PlainWordPiece:
         second = None if pair is None else self._part_ids(pair)
         if pair is not None and second is None:
             return None
-        template = self._single if second is None else self._pair
+        if second is None:
+            template = self._single
+            return TokenIds(template.ids[0] + first + template.ids[1], template, (len(first),))
+        template = self._pair
         ids = template.ids[0] + first + template.ids[1]
-        types = template.types[0] + [template.part_types[0]] * len(first) + template.types[1]
-        if second is not None:
-            ids += second
-            ids += template.ids[2]
-            types += [template.part_types[1]] * len(second)
-            types += template.types[2]
-        return TokenIds(ids, types)
+        ids += second
+        ids += template.ids[2]
+        return TokenIds(ids, template, (len(first), len(second)))
 
     def _part_ids(self, text: str) -> list[int] | None:
         """A text's ids without special tokens; None where the library must encode it."""
@@ -424,11 +471,10 @@ class PlainWordPiece:
             else:
                 start = match.start()
                 offsets += [(start + begin, start + end) for begin, end in spans]
-        part_type = template.part_types[0]
         return [
             PlainEncoding(
                 template.ids[0] + ids[start:stop] + template.ids[1],
-                template.types[0] + [part_type] * (stop - start) + template.types[1],
+                template,
                 template.tokens[0] + tokens[start:stop] + template.tokens[1],
                 template.offsets[0] + offsets[start:stop] + template.offsets[1],
                 template.special[0] + [0] * (stop - start) + template.special[1],
@@ -462,8 +508,6 @@ class PlainWordPiece:
                 return None
             ranges = _window_ranges(len(ids), capacity, stride)
         head_ids = template.ids[0] + first_ids + template.ids[1]
-        first_type, second_type = template.part_types
-        head_types = template.types[0] + [first_type] * len(first_ids) + template.types[1]
         head_offsets = template.offsets[0] + first_offsets + template.offsets[1]
         head_special = template.special[0] + [0] * len(first_ids) + template.special[1]
         head_sequences: list[int | None] = [None] * before + [0] * len(first_ids) + [None] * between
@@ -475,7 +519,7 @@ class PlainWordPiece:
             windows.append(
                 PlainPairEncoding(
                     head_ids + ids[start:stop] + template.ids[2],
-                    head_types + [second_type] * size + template.types[2],
+                    template,
                     head_offsets + offsets[start:stop] + template.offsets[2],
                     head_special + [0] * size + template.special[2],
                     head_sequences + [1] * size + [None] * after,

@@ -18,6 +18,16 @@ class Encoded(Protocol):
     def type_ids(self) -> list[int]: ...
 
 
+class ArrayTypes:
+    """An encoding that makes its type ids as an int64 array itself (`bertcore.plain_wordpiece`'s, whose segments
+    are runs): one numpy call, where converting a list of Python ints cost ~4 µs a 150-token pair."""
+
+    __slots__ = ()
+
+    def type_array(self) -> np.ndarray:
+        raise NotImplementedError
+
+
 @dataclass(slots=True, eq=False)
 class Row:
     """One model input row, unpadded. The attention mask is all ones over `input_ids`; the batcher pads.
@@ -31,6 +41,8 @@ class Row:
 
     @classmethod
     def from_encoding(cls, encoding: Encoded) -> Row:
+        if isinstance(encoding, ArrayTypes):
+            return cls(np.asarray(encoding.ids, dtype=np.int64), encoding.type_array())
         return cls(np.asarray(encoding.ids, dtype=np.int64), np.asarray(encoding.type_ids, dtype=np.int64))
 
     def __len__(self) -> int:

@@ -14,6 +14,7 @@ from tokenizers import Encoding, Tokenizer
 from benchmarks.realdata import conll03, shared_available, squad, sst2
 from bertcore import plain_wordpiece
 from bertcore.plain_wordpiece import PlainEncoding, PlainPairEncoding, PlainWordPiece, TokenIds
+from bertcore.rows import Encoded, Row
 from bertcore.tokenization import TextTokenizer, plain_ascii
 from tests.tiny_models import FAMILIES, make_tokenizer
 
@@ -52,6 +53,13 @@ OTHER = [
     "a \ufb01ne ligature",
     "naïve [SEP] café",
 ]
+
+
+def rows_of(encoding: Encoded) -> tuple[str, list[int], str, list[int]]:
+    """An encoding's model input row: each array's dtype and values."""
+    row = Row.from_encoding(encoding)
+    ids, types = row.input_ids, row.token_type_ids
+    return (str(ids.dtype), ids.tolist(), str(types.dtype), types.tolist())
 
 
 def library_ids(tokenizer_json: str, items: list) -> list[tuple[list[int], list[int]]]:
@@ -167,6 +175,10 @@ def test_pair_windows_are_the_librarys_words_and_all_for_every_family(arch: str)
                     continue
                 got = tokenizer.encode_pair_windows(question, context, *(windowing or (None, 0)))
                 assert [pair_described(window) for window in got] == expected, (question, context, windowing)
+                # each window's model input row: ids and type ids (made as an array from the parts' lengths)
+                assert [rows_of(window) for window in got] == [
+                    ("int64", described[0], "int64", described[1]) for described in expected
+                ]
                 plain = tokenizer.makes_plain_pair_windows and all(
                     plain_text(tokenizer_json, text) for text in (question, context)
                 )
@@ -221,12 +233,19 @@ def test_case_accents_and_any_template_come_out_as_the_library_makes_them(
         isinstance(encoding, TokenIds) for item, encoding in zip(items, got, strict=True) if "İ" not in str(item)
     )
     assert [(encoding.ids, encoding.type_ids) for encoding in got] == library_ids(tokenizer_json, items)
+    # the model input rows (their type ids made as arrays from the template's runs) are the library encodings' rows
+    assert [rows_of(encoding) for encoding in got] == [
+        rows_of(encoding) for encoding in library_of(tokenizer_json).encode_batch(items)
+    ]
     # The library's overflowing windows keep the text's own segment, not the template's (1 here): this tokenizer's
     # windows fail their probes and are left to it
     assert tokenizer.makes_plain_windows == (post_processor in ("bert", None))
     for text in texts:
         windows = tokenizer.encode_windows(text, 12, 3)
         assert [described(window) for window in windows] == library_windows(tokenizer_json, text, 12, 3)
+        assert [rows_of(window) for window in windows] == [
+            rows_of(window) for window in tokenizer.encode(text, max_length=12, stride=3)
+        ]
 
 
 def test_a_tokenizer_that_is_not_a_bert_pipeline_is_left_to_the_library() -> None:
