@@ -79,14 +79,17 @@ class TextTokenizer:
         self._local = threading.local()
         # Plain-ASCII text is encoded with a normalizer that only lowercases, where that gives the same encodings
         # (checked here on probes that cover what the full normalizer would change)
-        self._plain_normalizer = _plain_ascii_normalizer(tokenizer_json)
-        if self._plain_normalizer is not None and not self._plain_agrees(loaded, self._plain_normalizer):
-            self._plain_normalizer = None
-        # ... and where a task reads less than a whole encoding, a BERT pipeline's are made without the library
-        # (checked against the loaded tokenizer, its own normalizer back in place after the check above)
+        plain_normalizer = _plain_ascii_normalizer(tokenizer_json)
+        self._plain_normalizer: PlainNormalizer | None = None
         self._plain_ids = None
-        if self._plain_normalizer is not None:
-            self._plain_ids = PlainWordPiece.of(self._json, loaded, self._plain_normalizer is normalizers.Lowercase)
+        if plain_normalizer is not None and self._plain_agrees(loaded, plain_normalizer):
+            # not where an added token's content normalizes otherwise by lowercasing alone (`_added_alike`)
+            if self._added_alike(loaded, plain_normalizer):
+                self._plain_normalizer = plain_normalizer
+            # ... and where a task reads less than a whole encoding, a BERT pipeline's are made without the
+            # library (checked against the loaded tokenizer, its own normalizer back in place after the check
+            # above; it looks for both forms of every added token's content itself)
+            self._plain_ids = PlainWordPiece.of(self._json, loaded, plain_normalizer is normalizers.Lowercase)
 
     @classmethod
     def load(cls, path: Path, pad_token_id: int, padding_side: str = "right") -> TextTokenizer:
@@ -126,14 +129,21 @@ class TextTokenizer:
         tokenizer.normalizer = light_normalizer
         light = [_described(tokenizer.encode(text, pair)) for text, pair in _PLAIN_PROBES]
         tokenizer.normalizer = own
-        # The library finds a normalized added token's content in the normalized text, the content normalized by
-        # the tokenizer's normalizer: an added "Café" is found in plain "cafe" by BertNormalizer (accents
-        # stripped), not by lowercasing alone. Every added token's content must come out alike both ways.
+        return full == light
+
+    @staticmethod
+    def _added_alike(tokenizer: Tokenizer, plain_normalizer: PlainNormalizer) -> bool:
+        """Whether every added token's content normalizes alike by the tokenizer's normalizer and by the light one.
+        The library finds a normalized added token's content in the normalized text, the content normalized by the
+        tokenizer's normalizer: an added "Café" is found in plain "cafe" by BertNormalizer (accents stripped), not
+        by lowercasing alone."""
+        light_normalizer = plain_normalizer()
+        own = tokenizer.normalizer
         contents = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
         light_forms = [
             content if light_normalizer is None else light_normalizer.normalize_str(content) for content in contents
         ]
-        return full == light and [own.normalize_str(content) for content in contents] == light_forms
+        return [own.normalize_str(content) for content in contents] == light_forms
 
     def _tokenizer(self) -> Tokenizer:
         """This thread's copy of the tokenizer (its normalizer and truncation as its last call asked)."""

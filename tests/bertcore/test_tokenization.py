@@ -11,6 +11,7 @@ import pytest
 from tokenizers import Encoding, Tokenizer, normalizers
 
 from bertcore import tokenization
+from bertcore.plain_wordpiece import TokenIds
 from bertcore.tokenization import TextTokenizer, plain_ascii
 from tests.tiny_models import FAMILIES, make_tokenizer
 
@@ -163,20 +164,28 @@ def test_a_light_normalizer_that_would_encode_otherwise_is_not_used(monkeypatch:
 def test_added_tokens_are_found_as_the_library_finds_them(added: list[str]) -> None:
     """The library finds a normalized added token's content in the normalized text: an added "Café" in plain "cafe"
     (BertNormalizer strips the accent, plain lowercasing would not). Where an added token's content normalizes
-    otherwise by lowercasing alone, plain text keeps the tokenizer's own normalizer and the library; ASCII added
-    tokens leave the light paths on. Every text the library's, lone, batched, by ids, in windows and pairs."""
+    otherwise by lowercasing alone, plain text keeps the tokenizer's own normalizer (not the light one); the plain
+    path, which looks for both forms of an added token's content, sends text holding either to the library and
+    makes the rest itself; ASCII added tokens leave both on. Every text the library's, lone, batched, by ids, in
+    windows and pairs."""
     library = make_tokenizer("bert")
     library.add_tokens(added)
     tokenizer_json = library.backend_tokenizer.to_str()
     tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
-    assert tokenizer.makes_plain_ids == tokenizer.normalizes_plain_ascii_lightly == all(map(str.isascii, added))
+    assert tokenizer.normalizes_plain_ascii_lightly == all(map(str.isascii, added))
+    assert tokenizer.makes_plain_ids and tokenizer.makes_plain_windows and tokenizer.makes_plain_pair_windows
     own = Tokenizer.from_str(tokenizer_json)
     own.no_padding()
     texts = ["cafe", "CAFE au lait", "Café", "naïve café", "zoe", "Zoë's", "plain words", "a plainword b [new]"]
     expected = [(encoding.ids, encoding.type_ids) for encoding in own.encode_batch(texts)]
     assert [(e.ids, e.type_ids) for e in (tokenizer.encode(text)[0] for text in texts)] == expected
     assert [(e.ids, e.type_ids) for e in tokenizer.encode_batch(texts)] == expected
-    assert [(e.ids, e.type_ids) for e in tokenizer.encode_ids_batch(texts)] == expected
+    by_ids = tokenizer.encode_ids_batch(texts)
+    assert [(e.ids, e.type_ids) for e in by_ids] == expected
+    # text holding an added token's content in either form from the library ("cafe" holds "Café" to BERT, which
+    # strips accents), the rest made without it
+    made_plain = [True] * 7 + [False] if all(map(str.isascii, added)) else [False] * 6 + [True, True]
+    assert [isinstance(encoding, TokenIds) for encoding in by_ids] == made_plain
     own.enable_truncation(6, stride=2, strategy="longest_first", direction="right")
     for text in texts:
         encoding = own.encode(text)
