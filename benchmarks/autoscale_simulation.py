@@ -105,8 +105,11 @@ class OpenLoop:
         for pooled in (bool(self._idle), False):
             try:
                 reader, writer = self._idle.pop() if pooled else await asyncio.open_connection(host, int(port))
-                status, _ = await _request(reader, writer, host, self.path, body)
-                self._idle.append((reader, writer))
+                status, _, closes = await _request(reader, writer, host, self.path, body)
+                if closes:  # the server closes it after this answer (an error answered before the body was read)
+                    writer.close()
+                else:
+                    self._idle.append((reader, writer))
                 break
             except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
                 continue

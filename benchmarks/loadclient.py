@@ -75,7 +75,9 @@ class LoadResult:
         return merged
 
 
-async def _request(reader, writer, host: str, path: str, body: bytes) -> tuple[int, bytes]:
+async def _request(reader, writer, host: str, path: str, body: bytes) -> tuple[int, bytes, bool]:
+    """The answer's status and body, and whether the server closes the connection after it (`Connection: close`,
+    as this server says after an error answered before the body was read: a 429 from admission, a 413)."""
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode()
@@ -85,12 +87,16 @@ async def _request(reader, writer, host: str, path: str, body: bytes) -> tuple[i
     if not status_line:
         raise ConnectionResetError("the server closed the connection")
     status = int(status_line.split()[1])
+    closes = status_line.startswith(b"HTTP/1.0")
     length = 0
     while (line := await reader.readline()) not in (b"\r\n", b""):
         name, _, value = line.decode("latin-1").partition(":")
-        if name.lower() == "content-length":
+        name = name.lower()
+        if name == "content-length":
             length = int(value)
-    return status, await reader.readexactly(length)
+        elif name == "connection":
+            closes = value.strip().lower() == "close"
+    return status, await reader.readexactly(length), closes
 
 
 async def _worker(host, port, path, payloads, deadline, result: LoadResult, max_requests: int | None, connection=None):
@@ -104,17 +110,17 @@ async def _worker(host, port, path, payloads, deadline, result: LoadResult, max_
             timeout = max(deadline - started, 0) + ANSWER_GRACE_S
             reopened = None
             try:
-                status, _ = await asyncio.wait_for(_request(reader, writer, host, path, payload), timeout)
+                status, _, closes = await asyncio.wait_for(_request(reader, writer, host, path, payload), timeout)
             except (OSError, asyncio.IncompleteReadError, ValueError, IndexError, TimeoutError) as exc:
-                status = NO_ANSWER if isinstance(exc, TimeoutError) else CONNECTION_ERROR
-                writer.close()
-                reopened = await _reopen(host, port, deadline)
+                status, closes = (NO_ANSWER if isinstance(exc, TimeoutError) else CONNECTION_ERROR), True
             result.latencies.append(time.perf_counter() - started)
             result.statuses[status] = result.statuses.get(status, 0) + 1
             result.requests += 1
             if status == 200:
                 result.sequences += size
-            if status in (CONNECTION_ERROR, NO_ANSWER):
+            if closes:  # broken, or closed by the server after its answer (which counts as that answer): reopened
+                writer.close()
+                reopened = await _reopen(host, port, deadline)
                 if reopened is None:
                     return  # the window is over before a new connection could be opened
                 reader, writer = reopened

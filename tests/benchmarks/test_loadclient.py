@@ -56,3 +56,53 @@ def test_a_dropped_connection_counts_as_an_error_and_the_load_reconnects_until_i
     assert result.cpu_seconds > 0.0  # measured in-process too
     assert len(accepted) > 2  # it did reconnect
     assert result.seconds < 2
+
+
+def test_an_answer_that_closes_its_connection_counts_as_itself_and_the_load_goes_on_on_a_new_one() -> None:
+    """A server that closes the connection after an answer it says so for (`Connection: close`, as bertserve does
+    after a 429 from admission or a 413, the body unread): that answer counts as its status, never as a connection
+    error, and the next request goes on a new connection (was: sent on the closed one, counted as an error)."""
+    port = free_port()
+    stop = threading.Event()
+    connections = []
+
+    def answer(connection: socket.socket, index: int) -> None:
+        with connection, connection.makefile("rb") as stream:
+            while True:  # every third connection keeps alive; the others answer one 429 and close
+                length = 0
+                while (line := stream.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                if not line:
+                    return
+                stream.read(length)
+                if index % 3 == 0:
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                    continue
+                connection.sendall(
+                    b"HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
+                )
+                return
+
+    def serve(listener: socket.socket) -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            connections.append(1)
+            threading.Thread(target=answer, args=(connection, len(connections)), daemon=True).start()
+
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        listener.settimeout(0.05)
+        thread = threading.Thread(target=serve, args=(listener,), daemon=True)
+        thread.start()
+        try:
+            result = run_load(f"http://127.0.0.1:{port}", "/x", [{"inputs": ["a"]}], [1], clients=2, seconds=0.5)
+        finally:
+            stop.set()
+            thread.join(2)
+    assert set(result.statuses) == {200, 429}, result.statuses  # no CONNECTION_ERROR among them
+    assert result.statuses[429] >= 2
+    assert len(connections) >= result.statuses[429]  # a new connection after each 429
+    assert result.sequences == result.statuses[200]
