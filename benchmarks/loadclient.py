@@ -100,7 +100,9 @@ async def _request(reader, writer, host: str, path: str, body: bytes) -> tuple[i
 
 
 async def _worker(host, port, path, payloads, deadline, result: LoadResult, max_requests: int | None, connection=None):
-    """Sends the next payload as soon as the last answer came; a broken connection counts and is reopened."""
+    """Sends the next payload as soon as the last answer came; a broken connection counts as an error and is
+    reopened, one the server closes after its answer (`Connection: close`) is reopened too, the answer counted as its
+    status."""
     reader, writer = connection or await asyncio.open_connection(host, port)
     try:
         while time.perf_counter() < deadline and (max_requests is None or result.requests < max_requests):
