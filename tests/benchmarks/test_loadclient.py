@@ -1,11 +1,13 @@
-"""The load client against real loopback servers: the null server, and one that drops every connection."""
+"""The load client against real loopback servers: the null server, one that drops every connection, one that closes
+some after answering."""
 
 from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 
-from benchmarks.loadclient import CONNECTION_ERROR, classify_cases, run_load, run_load_processes
+from benchmarks.loadclient import CONNECTION_ERROR, LoadResult, classify_cases, run_load, run_load_processes
 from tests.harness.serving import free_port, start
 
 
@@ -27,34 +29,41 @@ def test_client_processes_share_one_window_and_merge_their_counts() -> None:
     assert result.client_cores == result.cpu_seconds / result.seconds
 
 
-def test_a_dropped_connection_counts_as_an_error_and_the_load_reconnects_until_its_window_ends() -> None:
+def load_against(handle: Callable[[socket.socket, int], None], seconds: float) -> tuple[LoadResult, int]:
+    """`run_load` (2 clients, 1-input bodies) against a loopback socket server that hands each connection it accepts,
+    with its number (1, 2, ...), to `handle` on a thread of its own; the result and the connections accepted."""
     port = free_port()
     stop = threading.Event()
     accepted = []
 
-    def drop_every_connection(listener: socket.socket) -> None:
+    def serve(listener: socket.socket) -> None:
         while not stop.is_set():
             try:
                 connection, _ = listener.accept()
             except TimeoutError:
                 continue
             accepted.append(1)
-            connection.close()
+            threading.Thread(target=handle, args=(connection, len(accepted)), daemon=True).start()
 
     with socket.create_server(("127.0.0.1", port)) as listener:
         listener.settimeout(0.05)
-        thread = threading.Thread(target=drop_every_connection, args=(listener,), daemon=True)
+        thread = threading.Thread(target=serve, args=(listener,), daemon=True)
         thread.start()
         try:
-            result = run_load(f"http://127.0.0.1:{port}", "/x", [{"inputs": ["a"]}], [1], clients=2, seconds=0.3)
+            result = run_load(f"http://127.0.0.1:{port}", "/x", [{"inputs": ["a"]}], [1], clients=2, seconds=seconds)
         finally:
             stop.set()
             thread.join(2)
+    return result, len(accepted)
+
+
+def test_a_dropped_connection_counts_as_an_error_and_the_load_reconnects_until_its_window_ends() -> None:
+    result, accepted = load_against(lambda connection, _: connection.close(), seconds=0.3)
     assert result.requests >= 2
     assert result.statuses == {CONNECTION_ERROR: result.requests}
     assert result.sequences == 0
     assert result.cpu_seconds > 0.0  # measured in-process too
-    assert len(accepted) > 2  # it did reconnect
+    assert accepted > 2  # it did reconnect
     assert result.seconds < 2
 
 
@@ -62,9 +71,6 @@ def test_an_answer_that_closes_its_connection_counts_as_itself_and_the_load_goes
     """A server that closes the connection after an answer it says so for (`Connection: close`, as bertserve does
     after a 429 from admission or a 413, the body unread): that answer counts as its status, never as a connection
     error, and the next request goes on a new connection (was: sent on the closed one, counted as an error)."""
-    port = free_port()
-    stop = threading.Event()
-    connections = []
 
     def answer(connection: socket.socket, index: int) -> None:
         with connection, connection.makefile("rb") as stream:
@@ -84,25 +90,8 @@ def test_an_answer_that_closes_its_connection_counts_as_itself_and_the_load_goes
                 )
                 return
 
-    def serve(listener: socket.socket) -> None:
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            connections.append(1)
-            threading.Thread(target=answer, args=(connection, len(connections)), daemon=True).start()
-
-    with socket.create_server(("127.0.0.1", port)) as listener:
-        listener.settimeout(0.05)
-        thread = threading.Thread(target=serve, args=(listener,), daemon=True)
-        thread.start()
-        try:
-            result = run_load(f"http://127.0.0.1:{port}", "/x", [{"inputs": ["a"]}], [1], clients=2, seconds=0.5)
-        finally:
-            stop.set()
-            thread.join(2)
+    result, connections = load_against(answer, seconds=0.5)
     assert set(result.statuses) == {200, 429}, result.statuses  # no CONNECTION_ERROR among them
     assert result.statuses[429] >= 2
-    assert len(connections) >= result.statuses[429]  # a new connection after each 429
+    assert connections >= result.statuses[429]  # a new connection after each 429
     assert result.sequences == result.statuses[200]
