@@ -110,7 +110,6 @@ async def _worker(host, port, path, payloads, deadline, result: LoadResult, max_
             started = time.perf_counter()
             # An answer may take until the deadline and a grace period, no longer: a load always ends.
             timeout = max(deadline - started, 0) + ANSWER_GRACE_S
-            reopened = None
             try:
                 status, _, closes = await asyncio.wait_for(_request(reader, writer, host, path, payload), timeout)
             except (OSError, asyncio.IncompleteReadError, ValueError, IndexError, TimeoutError) as exc:

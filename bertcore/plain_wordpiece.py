@@ -172,22 +172,22 @@ class _Template:
         encoding = tokenizer.encode(first, second)
         ids, types = encoding.ids, encoding.type_ids
         self.ids: list[list[int]] = []  # the special tokens before, between and after the parts
-        self.types: list[list[int]] = []  # their segments
-        self.part_types: list[int] = []  # each part's segment
+        # every token's segment in order, each special token's as (segment, None), each part's as (segment, index)
+        marks: list[tuple[int, int | None]] = []
         cuts = []
         start = 0
-        for text in (first,) if second is None else (first, second):
+        for index, text in enumerate((first,) if second is None else (first, second)):
             part = tokenizer.encode(text, add_special_tokens=False).ids
             at = _find(ids, part, start)
             if not part or len(set(types[at : at + len(part)])) != 1:
                 raise ValueError("a probe's part is not of one segment")
             self.ids.append(ids[start:at])
-            self.types.append(types[start:at])
-            self.part_types.append(types[at])
+            marks += [(value, None) for value in types[start:at]]
+            marks.append((types[at], index))
             cuts.append((start, at))
             start = at + len(part)
         self.ids.append(ids[start:])
-        self.types.append(types[start:])
+        marks += [(value, None) for value in types[start:]]
         cuts.append((start, len(ids)))
         # and their token strings, offsets and special-token marks, where a task maps tokens back to the text
         self.tokens = [encoding.tokens[a:b] for a, b in cuts]
@@ -195,19 +195,20 @@ class _Template:
         self.special = [encoding.special_tokens_mask[a:b] for a, b in cuts]
         self.fixed = sum(len(ids) for ids in self.ids)  # the special tokens' count
         # the segments as runs of one value, in order: each run's value, its special tokens' count, its parts
-        runs: list[tuple[int, int, tuple[int, ...]]] = []
-        for index, segment in enumerate(self.types):
-            marks: list[tuple[int, int | None]] = [(value, None) for value in segment]  # (segment, part or None)
-            if index < len(self.part_types):
-                marks.append((self.part_types[index], index))
-            for value, held in marks:
-                if not runs or runs[-1][0] != value:
-                    runs.append((value, 0, ()))
-                _, specials, parts = runs[-1]
-                runs[-1] = (value, specials + 1, parts) if held is None else (value, specials, (*parts, held))
-        self._segment_runs = [(specials, parts) for _, specials, parts in runs]
-        self._run_values = np.array([value for value, _, _ in runs], dtype=np.int64)
-        self._one_segment = runs[0][0] if len(runs) == 1 else None
+        values: list[int] = []
+        runs: list[tuple[int, list[int]]] = []
+        for value, held in marks:
+            if not values or values[-1] != value:
+                values.append(value)
+                runs.append((0, []))
+            specials, parts = runs[-1]
+            if held is None:
+                runs[-1] = (specials + 1, parts)
+            else:
+                parts.append(held)
+        self._segment_runs = runs
+        self._run_values = np.array(values, dtype=np.int64)
+        self._one_segment = values[0] if len(values) == 1 else None
 
     def type_array(self, lengths: tuple[int, ...]) -> np.ndarray:
         """The type ids (int64) of an encoding whose parts are `lengths` tokens long: one segment's (a lone text,
@@ -423,12 +424,12 @@ class PlainWordPiece:
             first = made
             if pair is not None:
                 self._last_first = (text, first)
-        second = None if pair is None else self._part_ids(pair)
-        if pair is not None and second is None:
-            return None
-        if second is None:
+        if pair is None:
             template = self._single
             return TokenIds(template.ids[0] + first + template.ids[1], template, (len(first),))
+        second = self._part_ids(pair)
+        if second is None:
+            return None
         template = self._pair
         ids = template.ids[0] + first + template.ids[1]
         ids += second
