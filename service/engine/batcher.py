@@ -131,10 +131,27 @@ class _Item:
         self.gone = False  # taken into a batch, or dropped (its request answered, cancelled or past its deadline)
 
 
-def _dead(request: _Request, now: float) -> bool:
-    """The request's rows need not run: it is answered already (another row failed, the deadline passed), its
-    client went away, or its deadline is past."""
-    return request.future.done() or request.ticket.cancelled or now > request.ticket.deadline
+class _CostsByWidth(dict[int, list[int]]):
+    """A batch's padded cost by its width, then its row count: `costs[width][count]`, each width's row of counts
+    made on its first use. The batch that grows row by row looks two costs up a row it considers; as list items they
+    cost a subscript each, where a call of the cost function (a shape grid's table reads behind a method) cost ~10x
+    as much, at hundreds of rows a batch and hundreds of batches a second.
+
+    A cost over the budget is kept as budget + 1 (one int shared by the row): the batch only asks whether a cost fits
+    and, of two that fit, which is more. One row per width seen (the model's lengths): 512 widths of 257 counts is
+    ~1 MiB."""
+
+    def __init__(self, cost: Callable[[int, int], int], max_rows: int, budget: int) -> None:
+        super().__init__()
+        self._cost = cost
+        self._max_rows = max_rows
+        self._over = budget + 1
+
+    def __missing__(self, width: int) -> list[int]:
+        over = self._over
+        row = [0, *(min(self._cost(count, width), over) for count in range(1, self._max_rows + 1))]
+        self[width] = row
+        return row
 
 
 class Batcher:
@@ -163,6 +180,7 @@ class Batcher:
         self._padded_cost = padded_cost or (lambda count, width: count * width)
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
+        self._costs = _CostsByWidth(self._padded_cost, max_batch_size, max_batch_tokens)
         self.max_wait_s = max_wait_s
         self.max_queue_rows = max_queue_rows
         self.max_queue_s = max_queue_s
@@ -460,7 +478,14 @@ class Batcher:
             by_length.sort(key=_LENGTH)
             self._unsorted = []
         now = time.monotonic()
-        dead = [request for request in self._queued if _dead(request, now)]
+        # The rows that need not run: their request is answered already (another row failed, the deadline passed),
+        # its client went away, or its deadline is past. Written out: a call per queued request, at every batch, was
+        # a tenth of this method's cost.
+        dead = [
+            request
+            for request in self._queued
+            if request.future.done() or request.ticket.cancelled or now > request.ticket.deadline
+        ]
         if dead:
             self._drop(dead)
         oldest = self._oldest()
@@ -474,29 +499,35 @@ class Batcher:
         # The batch grows one row at a time (up to a few hundred a batch), the nearer neighbour in length first.
         # A side fits within the token budget at the cost the runtime really pays (its bucket's, with shape buckets)
         # and within the padding ratio, judged on the batch's own longest row (its rightmost: the rows are sorted),
-        # before any bucket. The budgets are locals and that test is written out here: 15-20% less of this method's cost
-        # a row, at 256-row batches of 16-row requests (~1,100 -> ~950 ns).
-        cost, budget, ratio = self._padded_cost, self.max_batch_tokens, self.max_padding_ratio
+        # before any bucket. The budgets are locals, the costs list items (`_CostsByWidth`), each looked up once a
+        # step, and the test is written out here: this loop is most of the method's cost a row at 256-row batches.
+        costs, budget, ratio = self._costs, self.max_batch_tokens, self.max_padding_ratio
         target = width = real = oldest.length
+        by_width = costs[width]  # the batch's costs by row count, at its width
         last, size = len(by_length) - 1, self.max_batch_size
         while high - low + 1 < size:
             count = high - low + 2
+            cost_now = by_width[count]
             left = by_length[low - 1].length if low > 0 else 0
-            right = by_length[high + 1].length if high < last else 0
-            fits_left = low > 0 and cost(count, width) <= budget and width * count <= ratio * (real + left)
-            fits_right = high < last and cost(count, right) <= budget and right * count <= ratio * (real + right)
+            fits_left = low > 0 and cost_now <= budget and width * count <= ratio * (real + left)
+            fits_right = False
+            if high < last:  # `right` and its cost are read below only where it fits
+                right = by_length[high + 1].length
+                by_right = costs[right]
+                cost_right = by_right[count]
+                fits_right = cost_right <= budget and right * count <= ratio * (real + right)
             if fits_left and (
                 not fits_right
                 or target - left <= right - target
                 # the nearer row on the right would widen the batch's padded shape: fill the one it has first
-                or cost(count, right) > cost(count, width)
+                or cost_right > cost_now
             ):
                 low -= 1
                 real += left
             elif fits_right:
                 high += 1
                 real += right
-                width = right
+                width, by_width = right, by_right
             else:
                 break
         batch = by_length[low : high + 1]

@@ -614,18 +614,32 @@ def test_with_one_stream_the_next_batch_is_on_the_device_thread_when_the_running
     assert sorted(gaps)[len(gaps) // 2] < 0.02, gaps  # taken once the device was free: 0.04 s or more each
 
 
-async def _fresh_take(options: dict, live: list[FakeRow]) -> list[str]:
-    """The batch a new batcher takes from just these rows, queued in this (arrival) order in one go: the whole queue
-    sorted at once, as the batcher did on every batch before it kept its views in step."""
-    fresh = Batcher("fresh", Recorder(), max_wait_s=0.02, max_queue_rows=10_000, **options)
-    fresh._task = asyncio.get_running_loop().create_future()  # "running", without the loop taking batches
-    if live:
-        fresh.enqueue(live, Ticket.with_timeout(600))
-    tags = [item.row.tag for item in fresh._take_batch()]
-    fresh._task.cancel()
-    fresh._task = None
-    await fresh.stop()
-    return tags
+def _plain_take(options: dict, live: list[FakeRow]) -> list[str]:
+    """The batch the rule takes from just these rows (in arrival order), written plainly: the rows sorted by length
+    (stably), the oldest row's neighbours added one at a time, the nearer in length first, each cost asked of the
+    cost function itself. The batcher keeps its queue in views updated per request and per batch, and its costs in
+    a table: it must take what this takes."""
+    cost = options.get("padded_cost") or (lambda count, width: count * width)
+    budget, size = options["max_batch_tokens"], options["max_batch_size"]
+    ratio = options.get("max_padding_ratio", float("inf"))
+    if not live:
+        return []
+    ordered = sorted(live, key=lambda row: row.length)
+    low = high = ordered.index(live[0])  # the first of its length: sorting is stable
+    target = width = real = live[0].length
+    while high - low + 1 < size:
+        count = high - low + 2
+        left = ordered[low - 1].length if low > 0 else None
+        right = ordered[high + 1].length if high < len(ordered) - 1 else None
+        fits_left = left is not None and cost(count, width) <= budget and width * count <= ratio * (real + left)
+        fits_right = right is not None and cost(count, right) <= budget and right * count <= ratio * (real + right)
+        if fits_left and (not fits_right or target - left <= right - target or cost(count, right) > cost(count, width)):
+            low, real = low - 1, real + left
+        elif fits_right:
+            high, real, width = high + 1, real + right, right
+        else:
+            break
+    return [row.tag for row in ordered[low : high + 1]]
 
 
 @pytest.mark.parametrize(
@@ -634,11 +648,19 @@ async def _fresh_take(options: dict, live: list[FakeRow]) -> list[str]:
         {"max_batch_size": 8, "max_batch_tokens": 256},
         {"max_batch_size": 32, "max_batch_tokens": 512, "max_padding_ratio": 1.5},
         {"max_batch_size": 16, "max_batch_tokens": 400, "padded_cost": lambda count, width: count * -(-width // 8) * 8},
+        {"max_batch_size": 64, "max_batch_tokens": 1024, "padded_cost": ShapeGrid(64, 64, 1024, 8).padded_cost},
+        {
+            "max_batch_size": 32,
+            "max_batch_tokens": 700,
+            "max_padding_ratio": 1.25,
+            "padded_cost": ShapeGrid(32, 64, 700, 4).padded_cost,
+        },
     ],
 )
 def test_batches_taken_match_a_plain_sort_of_the_queue(options):
-    """The queue is kept in views updated per request and per batch (no pass over every row per batch); what a batch
-    takes must be what sorting the live rows each time gives, through enqueues, cancelled requests and takes."""
+    """The queue is kept in views updated per request and per batch (no pass over every row per batch), the costs in
+    a table; what a batch takes must be what the rule, applied plainly to the live rows each time, gives, through
+    enqueues, cancelled requests and takes."""
 
     async def main():
         batcher = Batcher("test", Recorder(), max_wait_s=0.02, max_queue_rows=10_000, **options)
@@ -648,7 +670,7 @@ def test_batches_taken_match_a_plain_sort_of_the_queue(options):
         tickets: dict[int, Ticket] = {}
         dead: set[int] = set()
         taken = 0
-        for step in range(600):
+        for step in range(3000):
             action = rng.random()
             if action < 0.45:
                 number = step
@@ -663,7 +685,7 @@ def test_batches_taken_match_a_plain_sort_of_the_queue(options):
                 dead.add(number)
             else:
                 pending = [(number, row) for number, row in pending if number not in dead]
-                expected = await _fresh_take(options, [row for _, row in pending])
+                expected = _plain_take(options, [row for _, row in pending])
                 batch = batcher._take_batch()
                 assert [item.row.tag for item in batch] == expected, f"step {step}"
                 chosen = set(expected)
