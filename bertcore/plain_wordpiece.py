@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import unicodedata
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
@@ -49,6 +50,11 @@ _BEYOND_ASCII_LOOKED_AT = range(0x80, 0x3000)
 # Words remembered per tokenizer and process (~400 bytes each with their tokens and offsets: at most ~7 MiB; SST-2,
 # CoNLL-2003 and 3,000 SQuAD paragraphs hold ~16,000): past this, a word not seen yet is split each time it comes
 MAX_WORDS = 16_384
+# QA's contexts split into tokens, remembered per tokenizer and process, the latest first out: a request's questions
+# about one paragraph (16 SQuAD questions hold ~4 paragraphs), and a client's next question about the same document,
+# split it once. Only contexts up to this many characters (a paragraph's few hundred; at most ~6 MiB in all)
+CONTEXTS_REMEMBERED = 32
+MAX_REMEMBERED_CONTEXT_CHARS = 8_192
 _PROBES = (
     ("Hello, World! It's 3.14 o'clock -- e-mail: a.b@c.org, https://x.y/z?q=1&r=2#s", None),
     ("Tabs\tand\nnew lines\r\nand   spaces; unaffable CamelCase_with_underscores", "A PAIR: (with) {braces}"),
@@ -155,6 +161,8 @@ class PlainPairEncoding(_Segmented):
 
 # A word's pieces: ids, token strings, and each piece's offsets within the word (None: one piece, the whole word)
 _Pieces = tuple[tuple[int, ...], tuple[str, ...], tuple[tuple[int, int], ...] | None]
+# A text's tokens without the special ones: ids, offsets, and each token's word (its index among the text's words)
+_Split = tuple[list[int], list[tuple[int, int]], list[int | None]]
 # What `windows` is checked on when a tokenizer loads: (max_length, stride), None for no truncation
 _WINDOWINGS = (None, (8, 0), (8, 2), (9, 5), (512, 128))
 # QA's pairs: a question, a context in many windows (words of several pieces cut by windows' edges among them)
@@ -298,6 +306,8 @@ class PlainWordPiece:
         contents = sorted(forms - {""}, key=len, reverse=True)
         self._added = re.compile("|".join(map(re.escape, contents))) if contents else None
         self._words: dict[str, _Pieces] = {}
+        self._contexts: dict[str, _Split] = {}  # `_split_context`'s; never changed once in, only dropped
+        self._contexts_lock = threading.Lock()  # a front-end's loop and its tokenizer thread both split contexts
         self._alphabet = alphabet
         self._last_first: tuple[str, list[int]] | None = None  # the last first text's ids, kept by identity
         self._single = _Template(tokenizer, "probe words", None)
@@ -374,6 +384,11 @@ class PlainWordPiece:
     @property
     def words_remembered(self) -> int:
         return len(self._words)
+
+    @property
+    def contexts_remembered(self) -> list[str]:
+        """The pairs' second texts whose split is remembered, the oldest first."""
+        return list(self._contexts)
 
     @property
     def makes_windows(self) -> bool:
@@ -494,11 +509,12 @@ class PlainWordPiece:
     def _pair_windows(
         self, first: str, second: str, max_length: int | None, stride: int
     ) -> list[PlainPairEncoding] | None:
-        normal_first, normal_second = self._normal(first), self._normal(second)
-        if normal_first is None or normal_second is None:
+        normal_first = self._normal(first)
+        second_split = self._split_context(second)
+        if normal_first is None or second_split is None:
             return None
         first_ids, first_offsets, first_words = self._split(*normal_first)
-        ids, offsets, words = self._split(*normal_second)
+        ids, offsets, words = second_split  # shared with other calls: sliced below, never changed
         template = self._pair
         before, between, after = (len(template.ids[0]), len(template.ids[1]), len(template.ids[2]))
         fixed = before + len(first_ids) + between + after
@@ -530,9 +546,24 @@ class PlainWordPiece:
             )
         return windows
 
-    def _split(
-        self, text: str, word_pattern: re.Pattern[str]
-    ) -> tuple[list[int], list[tuple[int, int]], list[int | None]]:
+    def _split_context(self, text: str) -> _Split | None:
+        """`_split` of a pair's second text (QA's context) where it is plain, None where it is not; remembered
+        (`CONTEXTS_REMEMBERED`): the lists are shared by every call that asks for the same text."""
+        split = self._contexts.get(text)
+        if split is not None:
+            return split
+        normal = self._normal(text)
+        if normal is None:
+            return None
+        split = self._split(*normal)
+        if len(text) <= MAX_REMEMBERED_CONTEXT_CHARS:
+            with self._contexts_lock:
+                if len(self._contexts) >= CONTEXTS_REMEMBERED:
+                    del self._contexts[next(iter(self._contexts))]
+                self._contexts[text] = split
+        return split
+
+    def _split(self, text: str, word_pattern: re.Pattern[str]) -> _Split:
         """A normalized text's ids, offsets and words (each token's word's index) without special tokens."""
         ids: list[int] = []
         offsets: list[tuple[int, int]] = []

@@ -119,6 +119,10 @@ class TextTokenizer:
     def plain_words_remembered(self) -> int:
         return 0 if self._plain_ids is None else self._plain_ids.words_remembered
 
+    @property
+    def plain_contexts_remembered(self) -> list[str]:
+        return [] if self._plain_ids is None else self._plain_ids.contexts_remembered
+
     @staticmethod
     def _plain_agrees(tokenizer: Tokenizer, plain_normalizer: PlainNormalizer) -> bool:
         tokenizer.no_padding()

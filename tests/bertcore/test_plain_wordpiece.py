@@ -267,6 +267,32 @@ def test_words_remembered_are_bounded_and_change_no_answer(monkeypatch: pytest.M
     assert tokenizer.plain_words_remembered == 5
 
 
+def test_contexts_remembered_are_bounded_shared_and_change_no_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """QA's contexts are split once and the split kept for the next question about them (the latest few, short
+    ones only): each question's windows over a remembered context, at any window size, are still the library's."""
+    monkeypatch.setattr(plain_wordpiece, "CONTEXTS_REMEMBERED", 3)
+    monkeypatch.setattr(plain_wordpiece, "MAX_REMEMBERED_CONTEXT_CHARS", 200)
+    tokenizer_json = make_tokenizer("bert").backend_tokenizer.to_str()
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    long_context = " ".join(PLAIN[:9]) * 3
+    contexts = [PLAIN[0], PLAIN[7], BEYOND[0], long_context, BEYOND[1], OTHER[4]]  # the last: the library's alone
+    checked = 0
+    for _ in range(2):
+        for context in contexts:
+            for question in ("Who won?", "What is it, Mr. X?"):
+                for windowing in ((384, 128), (16, 6)):
+                    try:
+                        expected = library_pair_windows(tokenizer_json, question, context, windowing)
+                    except BaseException:  # the library's own refusal (no room for the context)
+                        continue
+                    got = tokenizer.encode_pair_windows(question, context, *windowing)
+                    assert [pair_described(window) for window in got] == expected, (question, context, windowing)
+                    checked += 1
+    assert checked >= 30
+    assert len(long_context) > 200
+    assert tokenizer.plain_contexts_remembered == [PLAIN[7], BEYOND[0], BEYOND[1]]
+
+
 def test_a_query_shared_by_many_pairs_is_each_pairs_own() -> None:
     """Rerank's pairs share their query (one object): its ids are made once and kept for the next pair; another
     object, equal or not, another query, a pair the library must encode, lone texts between: every one the
