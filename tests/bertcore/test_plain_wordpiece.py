@@ -293,6 +293,37 @@ def test_contexts_remembered_are_bounded_shared_and_change_no_answer(monkeypatch
     assert tokenizer.plain_contexts_remembered == [PLAIN[7], BEYOND[0], BEYOND[1]]
 
 
+def test_threads_asking_about_the_same_contexts_get_the_librarys_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A front-end's loop and its tokenizer thread share the remembered contexts: threads asking about the same
+    few contexts, more of them than are remembered (each insert drops one), get the library's windows every time."""
+    monkeypatch.setattr(plain_wordpiece, "CONTEXTS_REMEMBERED", 4)
+    tokenizer_json = make_tokenizer("bert").backend_tokenizer.to_str()
+    tokenizer = TextTokenizer(tokenizer_json, pad_token_id=0)
+    contexts = [f"Paragraph {n}: {PLAIN[n % 9]} and then more words about item {n}, twice." for n in range(10)]
+    pairs = [(question, context) for context in contexts for question in ("Who won?", "What is it, Mr. X?")]
+    expected = [library_pair_windows(tokenizer_json, question, context, (32, 8)) for question, context in pairs]
+    failures: list[int] = []
+
+    def ask(offset: int) -> None:
+        for step in range(300):
+            index = (offset + step * 3) % len(pairs)
+            try:
+                got = tokenizer.encode_pair_windows(*pairs[index], 32, 8)
+            except Exception:  # a thread's exception would not fail the test by itself
+                failures.append(-1)
+                continue
+            if [pair_described(window) for window in got] != expected[index]:
+                failures.append(index)
+
+    threads = [threading.Thread(target=ask, args=(offset,)) for offset in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert len(tokenizer.plain_contexts_remembered) == 4
+
+
 def test_a_query_shared_by_many_pairs_is_each_pairs_own() -> None:
     """Rerank's pairs share their query (one object): its ids are made once and kept for the next pair; another
     object, equal or not, another query, a pair the library must encode, lone texts between: every one the
