@@ -510,8 +510,10 @@ class PlainWordPiece:
         self, first: str, second: str, max_length: int | None, stride: int
     ) -> list[PlainPairEncoding] | None:
         normal_first = self._normal(first)
+        if normal_first is None:  # the library encodes the pair: no context split (nor remembered) for nothing
+            return None
         second_split = self._split_context(second)
-        if normal_first is None or second_split is None:
+        if second_split is None:
             return None
         first_ids, first_offsets, first_words = self._split(*normal_first)
         ids, offsets, words = second_split  # shared with other calls: sliced below, never changed
