@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+from collections.abc import Callable
 
 import pytest
 from tokenizers import Encoding, Tokenizer
@@ -80,6 +81,25 @@ def plain_text(tokenizer_json: str, text: str) -> bool:
 
 def pairs_of(texts: list[str]) -> list[tuple[str, str]]:
     return list(zip(texts, reversed(texts), strict=True))
+
+
+def in_threads(work: Callable[[int], None], count: int = 4) -> list[BaseException]:
+    """`work(0)`, ..., `work(count - 1)` at once, each on a thread of its own; what they raised (a thread's exception
+    alone would not fail a test)."""
+    raised: list[BaseException] = []
+
+    def run(offset: int) -> None:
+        try:
+            work(offset)
+        except BaseException as exc:
+            raised.append(exc)
+
+    threads = [threading.Thread(target=run, args=(offset,)) for offset in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return raised
 
 
 @pytest.mark.parametrize("arch", ALL_FAMILIES)
@@ -307,19 +327,11 @@ def test_threads_asking_about_the_same_contexts_get_the_librarys_windows(monkeyp
     def ask(offset: int) -> None:
         for step in range(300):
             index = (offset + step * 3) % len(pairs)
-            try:
-                got = tokenizer.encode_pair_windows(*pairs[index], 32, 8)
-            except Exception:  # a thread's exception would not fail the test by itself
-                failures.append(-1)
-                continue
+            got = tokenizer.encode_pair_windows(*pairs[index], 32, 8)
             if [pair_described(window) for window in got] != expected[index]:
                 failures.append(index)
 
-    threads = [threading.Thread(target=ask, args=(offset,)) for offset in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    assert in_threads(ask) == []
     assert failures == []
     assert len(tokenizer.plain_contexts_remembered) == 4
 
@@ -361,11 +373,7 @@ def test_threads_encoding_at_once_get_their_own_ids() -> None:
             if [(e.ids, e.type_ids) for e in encoding] != expected[start : start + 5]:
                 failures.append(start)
 
-    threads = [threading.Thread(target=encode, args=(offset,)) for offset in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    assert in_threads(encode) == []
     assert failures == []
 
 
