@@ -1,6 +1,7 @@
 """Reliability benchmark: overload, soak and repository faults against a real server process. Prints figures.
 
     python -m benchmarks.reliability overload [--factor 3] [--seconds 30] [--shape classify-1] [-- SERVER FLAGS...]
+    python -m benchmarks.reliability mixed [--factor 3] [--seconds 30] [--shape classify-1,qa-long] [-- FLAGS...]
     python -m benchmarks.reliability soak [--minutes 30] [--fraction 0.5] [-- SERVER FLAGS...]
     python -m benchmarks.reliability faults
     python -m benchmarks.reliability hang [--fraction 0.5] [--seconds 30] [-- SERVER FLAGS...]
@@ -14,6 +15,12 @@ The model is the real MiniLM SST-2 checkpoint in ../shared/models, exported (fp3
   due) while /livez is probed every 100 ms; then, 5 s after the load stopped, 20 normal requests one by one.
   Wanted: only 200 and 429 (each 429 with Retry-After), admitted p99 within the queue bound plus one request's
   own time alone (measured first, one request at a time), /livez p99 under 100 ms, normal answers after.
+- mixed: the shapes of `--shape` at once, on one server that serves each shape's model: each shape's capacity
+  measured alone (a closed loop, as overload does), then an open loop per shape at the same time, each at `factor` /
+  (number of shapes) x its own capacity, so that together they ask `factor` x what the server can do. Wanted: what
+  overload wants of each shape, and no shape shut out: each one's share of its requests answered (200) near the
+  others' (a door that counts work in tokens and admits a request only where its own tokens fit would let the small
+  requests take every gap, and refuse the large ones nearly always).
 - soak: an open loop at `fraction` x capacity for `minutes`, RSS of the server's process tree sampled every
   10 s; growth measured from the end of a warm-up minute. Wanted: no errors, RSS growth under 5%.
 - faults: for each broken repository entry (corrupt ONNX, non-JSON model.json, missing tokenizer, missing
@@ -119,6 +126,19 @@ def alone_ms(server: ServiceProcess, path: str, bodies: list[dict], count: int =
     return 1000 * sorted(times)[len(times) // 2]
 
 
+def closed_loop_rate(server: ServiceProcess, shape_name: str, bodies: list[dict]) -> float:
+    """Answered (200) requests of a shape a second, the better of 4 and 8 closed-loop clients, after a warm-up of 4:
+    a client that meets a 429 retries at once, and 8 clients of long QA contexts (over the floor of one batch of
+    tokens) spent the CPU on that: 3.5 answers a second, where an open loop at 5.3 a second got every one answered."""
+    shape = SHAPES[shape_name]
+    sizes = [shape.rows_per_request()] * len(bodies)
+    run_load(server.url, shape.path(), bodies[:64], sizes[:64], clients=4, seconds=3)  # 8 long QA clients meet 429s
+    return max(
+        run_load(server.url, shape.path(), bodies, sizes, clients=clients, seconds=10).sequences_per_s / sizes[0]
+        for clients in (4, 8)
+    )
+
+
 def overload(workdir: Path, factor: float, seconds: float, server_args: list[str], shape_name: str) -> dict:
     shape = SHAPES[shape_name]
     repository = exported_repository(workdir, shape.checkpoint)
@@ -129,15 +149,7 @@ def overload(workdir: Path, factor: float, seconds: float, server_args: list[str
     server = start_service(repository, "--probe-port", str(probe_port), *server_args, log_path=log_path)
     try:
         own_ms = alone_ms(server, path, bodies)
-        sizes = [shape.rows_per_request()] * len(bodies)
-        run_load(server.url, path, bodies[:64], sizes[:64], clients=4, seconds=3)  # warm (8 long QA clients meet 429s)
-        # answered (200) requests a second, the better of 4 and 8 closed-loop clients: a client that meets a 429
-        # retries at once, and 8 clients of long QA contexts (over the floor of one batch of tokens) spent the CPU
-        # on that: 3.5 answers a second, where an open loop at 5.3 a second got every one answered
-        rate = max(
-            run_load(server.url, path, bodies, sizes, clients=clients, seconds=10).sequences_per_s / sizes[0]
-            for clients in (4, 8)
-        )
+        rate = closed_loop_rate(server, shape.name, bodies)
         print(
             f"{shape.name}: alone {own_ms:.0f} ms; capacity (closed loop, the better of 4 and 8 clients) "
             f"{rate:.1f} requests/s; open loop at {rate * factor:.1f}/s",
@@ -163,6 +175,84 @@ def overload(workdir: Path, factor: float, seconds: float, server_args: list[str
     finally:
         server.stop()
     return summary
+
+
+def mixed_repository(workdir: Path, checkpoints: list[str]) -> Path:
+    """One repository holding each checkpoint's entry (links to the entries `exported_repository` made)."""
+    repository = workdir / ("models-mixed-" + "-".join(sorted(set(checkpoints))))
+    repository.mkdir(parents=True, exist_ok=True)
+    for name in set(checkpoints):
+        link = repository / name
+        if not link.exists():
+            link.symlink_to(exported_repository(workdir, name) / name, target_is_directory=True)
+    return repository
+
+
+def mixed(workdir: Path, factor: float, seconds: float, server_args: list[str], shape_names: list[str]) -> list[dict]:
+    """The shapes' open loops at once on one server, each at factor / len(shapes) x its own capacity."""
+    shapes = [SHAPES[name] for name in shape_names]
+    repository = mixed_repository(workdir, [shape.checkpoint for shape in shapes])
+    log_path = workdir / f"mixed-{'-'.join(shape_names)}-server.log"
+    server = start_service(repository, *server_args, log_path=log_path)
+    host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
+    try:
+        plans = []
+        for shape in shapes:
+            bodies = shape.bodies()
+            own_ms = alone_ms(server, shape.path(), bodies)
+            rate = closed_loop_rate(server, shape.name, bodies)
+            offered = rate * factor / len(shapes)
+            print(f"{shape.name}: alone {own_ms:.0f} ms; capacity alone {rate:.1f} requests/s; offered {offered:.1f}/s")
+            requests = [post_request(host, shape.path(), json.dumps(body).encode()) for body in bodies]
+            plans.append((shape, own_ms, rate, offered, requests))
+
+        async def together() -> list[OpenLoopResult]:
+            loops = [open_loop(host, port, requests, offered, seconds) for _, _, _, offered, requests in plans]
+            return list(await asyncio.gather(*loops))
+
+        with OtherCpu(server.process.pid) as other:
+            results = asyncio.run(together())
+        other_cores = other.cores()
+        rows = []
+        for (shape, own_ms, rate, _, _), result in zip(plans, results, strict=True):
+            summary = result.summary()
+            rows.append(
+                {
+                    "shape": shape.name,
+                    "factor": factor,
+                    "mixed_with": [name for name in shape_names if name != shape.name],
+                    "capacity_per_s": round(rate, 1),
+                    "alone_ms": round(own_ms, 1),
+                    "server_args": server_args,
+                    "other_cores": None if other_cores is None else round(other_cores, 2),
+                    "answered_share": round(summary["statuses"].get(200, 0) / max(1, summary["sent"]), 3),
+                    **summary,
+                }
+            )
+        rows[0]["server_alive"] = server.process.poll() is None
+    finally:
+        server.stop()
+    return rows
+
+
+def mixed_table(rows: list[dict], max_queue_s: float) -> str:
+    """Per shape of one mixed run: its share of requests answered beside overload's columns."""
+    lines = [
+        "| shape | offered/s (its capacity alone) | 200 | 429 | other | answered share | admitted p50 / p99 s | "
+        "bound + alone s | p99 within |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        statuses = {int(k): v for k, v in row["statuses"].items()}
+        other = sum(v for k, v in statuses.items() if k not in (200, 429))
+        promise_s = max_queue_s + row["alone_ms"] / 1000
+        p99_s = row["p99_ms_200"] / 1000
+        lines.append(
+            f"| {row['shape']} | {row['offered_per_s']:.1f} ({row['capacity_per_s']:.1f}) | {statuses.get(200, 0)} | "
+            f"{statuses.get(429, 0)} | {other} | {row['answered_share']:.1%} | {row['p50_ms_200'] / 1000:.2f} / "
+            f"{p99_s:.2f} | {promise_s:.2f} | {'yes' if p99_s <= promise_s else 'NO'} |"
+        )
+    return "\n".join(lines)
 
 
 def busy_rows(rows: list[dict]) -> list[str]:
@@ -378,16 +468,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     after the phase never got them: argparse fills both positionals at the phase, so it refused the flags.)"""
     own, server_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog="flags after -- go to python -m service (overload, hang, soak)"
+        description=__doc__.split("\n\n")[0],
+        epilog="flags after -- go to python -m service (overload, mixed, hang, soak)",
     )
-    parser.add_argument("phase", choices=["overload", "soak", "faults", "hang", "all"])
+    parser.add_argument("phase", choices=["overload", "mixed", "soak", "faults", "hang", "all"])
     parser.add_argument(
         "--factor", default="3", help="overload: offered load / capacity (comma-separated for several, e.g. 1.5,3)"
     )
     parser.add_argument(
         "--shape",
-        default="classify-1",
-        help=f"overload: request shapes, comma-separated ({', '.join(SHAPES)}; benchmarks.request_shapes)",
+        default=None,
+        help=f"overload, mixed: request shapes, comma-separated ({', '.join(SHAPES)}; benchmarks.request_shapes); "
+        "overload's default classify-1, mixed's classify-1,qa-long (two or more)",
     )
     parser.add_argument("--seconds", type=float, default=30.0, help="overload, hang: length of the open loop")
     parser.add_argument("--minutes", type=float, default=30.0, help="soak: length")
@@ -395,6 +487,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bertserve-reliability")
     args = parser.parse_args(own)
     args.server_args = server_args
+    if args.shape is None:
+        args.shape = "classify-1,qa-long" if args.phase == "mixed" else "classify-1"
+    unknown = [name for name in args.shape.split(",") if name not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shape {', '.join(unknown)}: one of {', '.join(SHAPES)}")
+    if args.phase == "mixed" and len(set(args.shape.split(","))) < 2:
+        parser.error("mixed runs two shapes or more at once: --shape A,B")
     return args
 
 
@@ -418,6 +517,14 @@ def main(argv: list[str] | None = None) -> int:
         report["overload"] = rows
         print(json.dumps(rows, indent=2))
         print(overload_table(rows, queue_bound(args.server_args)))
+        for warning in busy_rows(rows):
+            print(warning)
+    if args.phase == "mixed":
+        factor = float(args.factor.split(",")[0])
+        rows = mixed(args.workdir, factor, args.seconds, args.server_args, args.shape.split(","))
+        report["mixed"] = rows
+        print(json.dumps(rows, indent=2))
+        print(mixed_table(rows, queue_bound(args.server_args)))
         for warning in busy_rows(rows):
             print(warning)
     if args.phase in ("faults", "all"):

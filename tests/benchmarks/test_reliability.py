@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from benchmarks.openloop import Answer, OpenLoopResult
 from benchmarks.process_cpu import BUSY_MACHINE_CORES
-from benchmarks.reliability import _hang_outcome, busy_rows, parse_args
+from benchmarks.reliability import _hang_outcome, busy_rows, mixed_table, parse_args
 
 
 def test_flags_after_a_double_dash_go_to_the_server() -> None:
@@ -19,6 +21,29 @@ def test_flags_after_a_double_dash_go_to_the_server() -> None:
     )
     plain = parse_args(["hang", "--fraction", "0.3"])
     assert (plain.phase, plain.fraction, plain.server_args) == ("hang", 0.3, [])
+
+
+def test_each_phase_has_its_shapes_and_mixed_takes_two_or_more() -> None:
+    assert parse_args(["overload"]).shape == "classify-1"
+    assert parse_args(["mixed"]).shape == "classify-1,qa-long"
+    assert parse_args(["mixed", "--shape", "classify-1,classify-16"]).shape == "classify-1,classify-16"
+    for wrong in (["mixed", "--shape", "qa-long"], ["overload", "--shape", "classify-2"]):
+        with pytest.raises(SystemExit):
+            parse_args(wrong)
+
+
+def test_the_mixed_table_gives_each_shape_its_share_answered_and_the_promise() -> None:
+    row = {
+        "offered_per_s": 7.5,
+        "capacity_per_s": 5.0,
+        "statuses": {"200": 3, "429": 147},
+        "answered_share": 0.02,
+        "p50_ms_200": 740.0,
+        "p99_ms_200": 2400.0,
+        "alone_ms": 360.0,
+    }
+    line = mixed_table([{"shape": "qa-long", **row}], max_queue_s=2.0).splitlines()[-1]
+    assert line == "| qa-long | 7.5 (5.0) | 3 | 147 | 0 | 2.0% | 0.74 / 2.40 | 2.36 | NO |"
 
 
 def test_answers_are_counted_before_the_stop_while_stuck_and_after_the_first_200() -> None:
