@@ -235,24 +235,40 @@ def mixed(workdir: Path, factor: float, seconds: float, server_args: list[str], 
     return rows
 
 
+def _against_promise(row: dict, max_queue_s: float) -> tuple[dict[int, int], int, float, float]:
+    """A row's statuses, its answers other than 200 and 429, its promise (the bound plus one request's own time
+    alone) and its admitted p99, in seconds."""
+    statuses = {int(k): v for k, v in row["statuses"].items()}
+    other = sum(v for k, v in statuses.items() if k not in (200, 429))
+    return statuses, other, max_queue_s + row["alone_ms"] / 1000, row["p99_ms_200"] / 1000
+
+
 def mixed_table(rows: list[dict], max_queue_s: float) -> str:
     """Per shape of one mixed run: its share of requests answered beside overload's columns."""
-    lines = [
-        "| shape | offered/s (its capacity alone) | 200 | 429 | other | answered share | admitted p50 / p99 s | "
-        "bound + alone s | p99 within |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    columns = ["shape", "offered/s (its capacity alone)", "200", "429", "other", "answered share"]
+    columns += ["admitted p50 / p99 s", "bound + alone s", "p99 within"]
+    cells = []
     for row in rows:
-        statuses = {int(k): v for k, v in row["statuses"].items()}
-        other = sum(v for k, v in statuses.items() if k not in (200, 429))
-        promise_s = max_queue_s + row["alone_ms"] / 1000
-        p99_s = row["p99_ms_200"] / 1000
-        lines.append(
-            f"| {row['shape']} | {row['offered_per_s']:.1f} ({row['capacity_per_s']:.1f}) | {statuses.get(200, 0)} | "
-            f"{statuses.get(429, 0)} | {other} | {row['answered_share']:.1%} | {row['p50_ms_200'] / 1000:.2f} / "
-            f"{p99_s:.2f} | {promise_s:.2f} | {'yes' if p99_s <= promise_s else 'NO'} |"
+        statuses, other, promise_s, p99_s = _against_promise(row, max_queue_s)
+        cells.append(
+            [
+                row["shape"],
+                f"{row['offered_per_s']:.1f} ({row['capacity_per_s']:.1f})",
+                str(statuses.get(200, 0)),
+                str(statuses.get(429, 0)),
+                str(other),
+                f"{row['answered_share']:.1%}",
+                f"{row['p50_ms_200'] / 1000:.2f} / {p99_s:.2f}",
+                f"{promise_s:.2f}",
+                "yes" if p99_s <= promise_s else "NO",
+            ]
         )
-    return "\n".join(lines)
+    return _markdown(columns, cells)
+
+
+def _markdown(columns: list[str], cells: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
 
 
 def busy_rows(rows: list[dict]) -> list[str]:
@@ -270,10 +286,7 @@ def overload_table(rows: list[dict], max_queue_s: float) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        statuses = {int(k): v for k, v in row["statuses"].items()}
-        other = sum(v for k, v in statuses.items() if k not in (200, 429))
-        promise_s = max_queue_s + row["alone_ms"] / 1000
-        p99_s = row["p99_ms_200"] / 1000
+        statuses, other, promise_s, p99_s = _against_promise(row, max_queue_s)
         lines.append(
             f"| {row['shape']} | {row['offered_per_s']:.1f} ({row['factor']:g}x) | {statuses.get(200, 0)} | "
             f"{statuses.get(429, 0)} | {other} | {row['p50_ms_200'] / 1000:.2f} / {row['p90_ms_200'] / 1000:.2f} / "
