@@ -23,8 +23,8 @@ A gate that admits a request only where its own tokens fit would, under overload
 requests take every gap as it opens and refuse the large ones nearly always (measured: one sentence a request beside
 long QA contexts at 3x capacity, 75% of the sentences answered and 1.5% of the questions). So a refused request holds
 its room for a while (`claim`): until a request of its size (at least half its tokens) is admitted, or the bound's
-time has passed, smaller ones are admitted only where they fit beside it. The work admitted is as before; which
-request gets the next gap no longer depends on its size.
+time has passed, smaller ones are admitted only where they fit beside it. The bound on the work admitted is as
+before; which request gets the next gap no longer depends on its size.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ class AdmissionGate:
         self._had_work = False  # whether any request was in flight in the current second
         # charged requests in flight (tokenized: their work is in the engine) -> when each was admitted, oldest first
         self.working: dict[int, float] = {}
-        # Tokens held for the largest request refused lately, until a request of its size is admitted or
-        # `_claim_until` (0: none): smaller requests are admitted only where they fit beside it.
+        # Tokens held for the largest request refused lately (0: none), until a request of its size is admitted or
+        # `_claim_until` passes: smaller requests are admitted only where they fit beside it.
         self.claim = 0.0
         self._claim_until = -math.inf
         self._refused_beside_claim = False  # the last refusal was of a request that fitted but for the claim
