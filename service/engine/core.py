@@ -29,6 +29,8 @@ from service.wire.model_status import ModelStatus
 from service.wire.ticket import Ticket
 
 log = logging.getLogger("service.engine")
+# The longest a load call waits for every front-end to serve the new version (each self-tests it first)
+LOAD_SETTLE_S = 60.0
 
 
 @dataclass(eq=False)
@@ -111,6 +113,8 @@ class EngineCore:
         self.on_change: Callable[[], None] = lambda: None  # called when a model's state changes
         self._load_lock: asyncio.Lock | None = None
         self._uses: dict[Hashable, dict[str, set[str]]] = {}  # front-end -> model -> versions it still uses
+        self._front_ends: set[Hashable] = set()  # connected (a load call is answered once each serves the version)
+        self._word = asyncio.Event()  # set at each front-end's word (use, reject, connect, leave)
         self._closing: set[asyncio.Task] = set()
         self._missing: dict[str, int] = {}  # polling: scans in a row that did not find the entry
         self._repository_error: str | None = None
@@ -343,6 +347,7 @@ class EngineCore:
                 if other is not None:
                     self.metrics.model_version.labels(name, other.version).set(1 if other is generation else 0)
         self._retire()
+        self._heard()
 
     def reject(self, name: str, version: str, reason: str) -> None:
         """A front-end could not serve `version` (its self-test failed): the version before, if any, is offered
@@ -360,11 +365,50 @@ class EngineCore:
         if model.current is None:
             model.error = reason
         self._retire()
+        self._heard()
 
     def forget(self, front_end: Hashable) -> None:
         """The front-end went away: it uses nothing any more."""
         self._uses.pop(front_end, None)
+        self._front_ends.discard(front_end)
         self._retire()
+        self._heard()
+
+    def connect(self, front_end: Hashable) -> None:
+        """A front-end connected: a load call now waits for its word too."""
+        self._front_ends.add(front_end)
+        self._heard()
+
+    def _heard(self) -> None:
+        self._word.set()
+        self._word = asyncio.Event()
+
+    async def _until_served(self, name: str, version: str, timeout_s: float) -> None:
+        """Until every connected front-end serves `version` of the model (its `use` names it), or `timeout_s` has
+        passed (answered anyway, with a warning); LoadFailed where a front-end turned it down (its self-test failed:
+        the version before serves again)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            model = self.models.get(name)
+            generation = model.generation(version) if model is not None else None
+            if model is None or generation is None or generation is not model.current:
+                if model is not None and model.failed_version == version:
+                    raise LoadFailed(f"model {name} {model.load_error}")
+                return  # unloaded or superseded meanwhile: nothing more to wait for
+            waiting = [fe for fe in self._front_ends if version not in self._uses.get(fe, {}).get(name, ())]
+            remaining = deadline - time.monotonic()
+            if not waiting or remaining <= 0:
+                if waiting:
+                    log.warning(
+                        "model %s: version %s loaded; %d front-end(s) did not serve it within %g s",
+                        name,
+                        version,
+                        len(waiting),
+                        timeout_s,
+                    )
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._word.wait(), remaining)
 
     async def unload_model(self, name: str) -> dict[str, Any]:
         """Stop offering the model: new requests get 404, the ones in flight finish; once no front-end uses any of
@@ -454,9 +498,13 @@ class EngineCore:
         return listed
 
     async def control(self, action: str, name: str) -> dict[str, Any]:
-        """An admin call: load, unload or index."""
+        """An admin call: load, unload or index. A load is answered once every connected front-end serves the new
+        version (a request on any connection right after the answer gets it), or LoadFailed where one turned it
+        down."""
         if action == "load":
-            return await self.load_model(name)
+            result = await self.load_model(name)
+            await self._until_served(name, str(result["version"]), LOAD_SETTLE_S)
+            return result
         if action == "unload":
             return await self.unload_model(name)
         if action == "index":

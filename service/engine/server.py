@@ -85,6 +85,7 @@ class EngineServer:
     async def _connection(self, reader: asyncio.StreamReader, stream: asyncio.StreamWriter) -> None:
         writer = frames.FrameWriter(stream)
         self._writers.add(writer)
+        self.core.connect(writer)
         tickets: dict[int, Ticket] = {}
         writer.write(self._state())
         try:

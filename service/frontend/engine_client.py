@@ -93,6 +93,7 @@ class LocalEngine:
     async def start(self, on_change: Callable[[], None]) -> None:
         self.core.on_change = on_change
         self.load()
+        self.core.connect(self._front_end)
         self.core.start()
         on_change()
         self._warm_up = asyncio.create_task(self._warm_up_then_poll(), name="warm-up")

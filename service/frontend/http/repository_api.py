@@ -3,8 +3,8 @@
 - `POST /v2/repository/index`: every entry of the repository and every loaded model, with its state (READY,
   LOADING, UNLOADING, UNAVAILABLE), version and the reason it is not ready; `{"ready": true}` lists the ready ones.
 - `POST /v2/repository/models/{name}/load`: load the entry's version on disk beside the one serving; answered once
-  this front-end serves it (warmed up and self-tested), or with the reason it failed (422 load_failed: the version
-  before keeps serving). The version already serving: answered at once.
+  every front-end serves it (warmed up, and self-tested by each), or with the reason it failed (422 load_failed: the
+  version before keeps serving). The version already serving: answered at once.
 - `POST /v2/repository/models/{name}/unload`: new requests get 404 at once; the ones in flight finish; answered
   once the model's sessions are closed (or with state UNLOADING where requests still hold it at the deadline).
 
