@@ -169,8 +169,9 @@ class AdmissionGate:
             # every smaller request until the gate has emptied.
             if claimant and tokens <= max(limit, self.floor_tokens * self.scale):
                 self.claim, self._claim_until = max(tokens, self.claim), now + self.max_queue_s
-            fits_alone = self.tokens_in_flight + tokens <= limit or self._floor_room(tokens)
-            self._refused_beside_claim = not claimant and fits_alone
+            self._refused_beside_claim = not claimant and (
+                self.tokens_in_flight + tokens <= limit or self._floor_room(tokens)
+            )
             return None
         if claimant:
             self.claim = 0.0
