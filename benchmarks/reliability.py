@@ -10,7 +10,8 @@
 The model is the real MiniLM SST-2 checkpoint in ../shared/models, exported (fp32) into a work folder once.
 
 - overload: measure the capacity with a closed loop of 8 clients (requests of `--shape`, comma-separated for
-  several, each on a fresh server: classify-1, classify-16, qa-long, ner-long; benchmarks.request_shapes), then an
+  several, each on a fresh server: classify-1, classify-16, qa-long, ner-long, classify-1-large;
+  benchmarks.request_shapes), then an
   open loop at `factor` x that rate for `seconds` (a new connection per request, latency from the moment it was
   due) while /livez is probed every 100 ms; then, 5 s after the load stopped, 20 normal requests one by one.
   Wanted: only 200 and 429 (each 429 with Retry-After), admitted p99 within the queue bound plus one request's
@@ -55,7 +56,7 @@ from benchmarks.loadclient import run_load
 from benchmarks.openloop import OpenLoopResult, open_loop, post_request
 from benchmarks.process_cpu import OtherCpu, busy_warning, process_tree, role_of
 from benchmarks.reports import write_report
-from benchmarks.request_shapes import SHAPES
+from benchmarks.request_shapes import LARGE, SHAPES
 from service.settings import Settings
 from tests.harness.serving import ROOT, ServiceProcess, free_port, start_service
 
@@ -67,7 +68,9 @@ def exported_repository(workdir: Path, checkpoint_name: str = CHECKPOINT) -> Pat
     """A repository of `checkpoint_name` alone (fp32), exported once into the work folder."""
     repository = workdir / f"models-{checkpoint_name}"
     if not (repository / checkpoint_name / "model.json").exists():
-        checkpoint = realdata.SHARED / "models" / checkpoint_name
+        checkpoint = (
+            large_checkpoint(workdir) if checkpoint_name == LARGE else realdata.SHARED / "models" / checkpoint_name
+        )
         flags = ["--name", checkpoint_name, "--repository", str(repository), "--variants", "fp32", "--quiet"]
         subprocess.run(
             [sys.executable, "-m", "export", str(checkpoint), *flags],
@@ -76,6 +79,24 @@ def exported_repository(workdir: Path, checkpoint_name: str = CHECKPOINT) -> Pat
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
     return repository
+
+
+def large_checkpoint(workdir: Path) -> Path:
+    """LARGE (benchmarks.request_shapes): a BERT classifier of 6 layers, hidden 768 (~4x MiniLM's cost per token),
+    random weights (seed 0), MiniLM SST-2's tokenizer: a costlier model beside MiniLM in one repository."""
+    directory = workdir / LARGE
+    if not (directory / "config.json").exists():
+        import torch
+        from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+        source = realdata.SHARED / "models" / CHECKPOINT
+        config = BertConfig.from_pretrained(source)
+        config.hidden_size, config.num_attention_heads, config.intermediate_size = 768, 12, 3072
+        config.num_hidden_layers = 6
+        torch.manual_seed(0)
+        BertForSequenceClassification(config).eval().save_pretrained(directory)
+        AutoTokenizer.from_pretrained(source).save_pretrained(directory)
+    return directory
 
 
 def sentences() -> list[str]:

@@ -6,7 +6,10 @@ windows as a user's long document would.
 - classify-16: sixteen SST-2 sentences a request;
 - qa-long: a SQuAD question with its article's paragraphs joined to about 600 words (3 windows of 384 tokens,
   minilm-bert-squad);
-- ner-long: 40 consecutive CoNLL-2003 test sentences as one text (several windows, minilm-bert-conll03).
+- ner-long: 40 consecutive CoNLL-2003 test sentences as one text (several windows, minilm-bert-conll03);
+- classify-1-large: one SST-2 sentence a request to a larger model, ~4x MiniLM's cost per token (LARGE: a BERT of 6
+  layers, hidden 768, random weights with MiniLM SST-2's tokenizer, built by benchmarks.reliability: ../shared has
+  no larger fine-tuned checkpoint), for a repository of models of different costs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 
 from benchmarks import realdata
 
+LARGE = "bert-6x768-random-sst2"
 QA_CONTEXT_WORDS = 600
 NER_SENTENCES = 40
 
@@ -81,10 +85,12 @@ BODIES = {
     "classify-16": lambda count: _classify(16, count),
     "qa-long": _qa_long,
     "ner-long": _ner_long,
+    "classify-1-large": lambda count: _classify(1, count),
 }
 SHAPES = {
     "classify-1": RequestShape("classify-1", "minilm-bert-sst2", "classify"),
     "classify-16": RequestShape("classify-16", "minilm-bert-sst2", "classify"),
     "qa-long": RequestShape("qa-long", "minilm-bert-squad", "qa"),
     "ner-long": RequestShape("ner-long", "minilm-bert-conll03", "ner"),
+    "classify-1-large": RequestShape("classify-1-large", LARGE, "classify"),
 }

@@ -111,6 +111,15 @@ class Metrics:
             multiprocess_mode="livemin",
         )
         self.admission_share.set(1.0)
+        self.model_admission_share = Gauge(
+            "bertserve_model_admission_share",
+            "Share of its usual work a model's own gate admits now (as bertserve_admission_share, from that model's "
+            "answers alone: a model whose answers are late admits less of its own work, not of the others'); the "
+            "lowest of the live front-ends. A model appears at its first request.",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         self.queue_depth = Gauge(
             "bertserve_queue_depth",
             "Rows waiting in the batch queue.",

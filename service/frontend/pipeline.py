@@ -16,7 +16,8 @@ from bertcore.rows import Row
 from bertcore.tasks import classification, embedding, ner, qa
 from bertcore.tasks.errors import TaskInputError
 from service import tracing
-from service.errors import InvalidInput, WrongTask, unpaired_surrogate
+from service.errors import InvalidInput, Overloaded, WrongTask, unpaired_surrogate
+from service.frontend.admission import Admission, ModelGates
 from service.frontend.engine_client import Engine
 from service.frontend.registry import SELF_TEST, ModelRegistry, ServedModel
 from service.metrics import Metrics
@@ -58,6 +59,12 @@ class RequestPipeline:
         self.executor = executor
         # Tokenizer outputs and numpy buffers of large requests stay in glibc's heap: return them once idle.
         self.memory = IdleRelease("frontend", settings.release_memory_idle_s, malloc_trim)
+        self.model_gates = ModelGates(
+            settings.max_queue_s,
+            settings.admission_floor_tokens,
+            cold_requests=settings.admission_cold_requests,
+            on_scale=lambda model, scale: metrics.series(metrics.model_admission_share, model).set(scale),
+        )
 
     async def model_for(self, name: str, task: str, ticket: Ticket) -> ServedModel:
         """The model, if it serves `task`. Waiting for an engine that is (re)connecting counts as queueing: it is
@@ -332,15 +339,20 @@ class RequestPipeline:
     async def _run(self, model: ServedModel, rows: list[Row], ticket: Ticket, timings: Timings) -> list[Any]:
         tokens = sum(len(row) for row in rows)
         ticket.charge(tokens)
+        share = self._model_share(model, tokens, ticket)
         self.memory.begin()
+        answered = False
         try:
             with tracing.span("engine", {"bertserve.model": model.name, "bertserve.rows": len(rows)}) as span:
                 if span.is_recording():
                     span.set_attribute("bertserve.tokens", tokens)
                     ticket.trace = tracing.current_context()  # the engine's spans of these rows: this span's
                 outputs = await self.engine.infer(model.target, rows, ticket)
+            answered = True
         finally:
             self.memory.end(large=tokens >= self.settings.release_memory_min_tokens)
+            if share is not None:
+                share.leave(completed=answered)
         timings.queue_s = ticket.queue_seconds
         timings.inference_s = ticket.inference_seconds
         timings.inference_calls = ticket.inference_calls
@@ -350,6 +362,18 @@ class RequestPipeline:
         metrics.series(metrics.queue_duration, model.name).observe(timings.queue_s)
         metrics.series(metrics.tokenization_duration, model.name).observe(timings.tokenization_s)
         return outputs
+
+    def _model_share(self, model: ServedModel, tokens: int, ticket: Ticket) -> Admission | None:
+        """The model's own gate admits the request's tokens (`admission.ModelGates`), or Overloaded (429), where the
+        door did not (the request named its model in its body). A self-test passes: a version must be tested to
+        serve, whatever the load on the one before."""
+        if ticket.admitted_model == model.name or SELF_TEST.get() is not None:
+            return None
+        share = self.model_gates.try_enter(model.name, tokens)
+        if share is None:
+            gate = self.model_gates.gate(model.name)
+            raise Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s())
+        return share
 
 
 def _not_a_cross_encoder(model: ServedModel) -> WrongTask:

@@ -43,7 +43,6 @@ from service.frontend import open_inference as oip
 from service.frontend.grpc import health
 from service.frontend.grpc import inference_pb2 as pb
 from service.frontend.grpc.status import code_for_status, code_of
-from service.frontend.http.admission import estimate_tokens
 from service.frontend.http.auth import ApiKeys
 from service.frontend.http.state import ServerState
 from service.logs import REQUEST_ID, access_log, log_access, request_id_from
@@ -103,14 +102,15 @@ class InferenceService:
         ]
         parameters = {name: _value(parameter) for name, parameter in request.parameters.items()}
         requested = [output.name for output in request.outputs] or None
-        gate = state.admission
-        admission = gate.try_enter(estimate_tokens(request.ByteSize(), gate.mean_request_tokens))
+        door = state.door
+        admission = door.try_enter(request.ByteSize(), model.name)
         if admission is None:
-            raise Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s())
+            raise Overloaded(door.refusal(), retry_after_s=door.retry_after_s())
         completed = False
         try:
             ticket = _ticket(state.settings, context)
             ticket.on_charge.append(admission.charge)
+            ticket.admitted_model = admission.model_name
             try:
                 result = await oip.infer(state.pipeline, model, inputs, parameters, requested, ticket)
             except asyncio.CancelledError:  # the client cancelled, or the call's deadline passed

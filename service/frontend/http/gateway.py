@@ -32,9 +32,9 @@ from starlette.responses import Response
 
 from service import tracing
 from service.errors import Overloaded, PayloadTooLarge, ServiceError, UnsupportedMediaType
+from service.frontend.admission import SCOPE_ADMISSION, Door
 from service.frontend.http import errors as http_errors
 from service.frontend.http import traces
-from service.frontend.http.admission import SCOPE_ADMISSION, AdmissionGate, estimate_tokens
 from service.frontend.http.auth import ApiKeys, bearer_token, unauthorized
 from service.frontend.http.middleware import OPENAI_EMBEDDINGS_PATH, SCOPE_MODEL, endpoint_label, json_only_refusal
 from service.frontend.http.state import ServerState
@@ -168,7 +168,7 @@ class InferenceGateway:
         self.keys = keys if keys.enabled else None
         self.cors = cors
         self.max_bytes = server.settings.max_body_bytes
-        self.gate: AdmissionGate = server.admission
+        self.door: Door = server.door
         self.metrics = server.metrics
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
@@ -265,12 +265,12 @@ class InferenceGateway:
         refusal = json_only_refusal(scope)
         if refusal is not None:
             return await _send_error(scope, send, UnsupportedMediaType(refusal), headers)
-        gate = self.gate
+        door = self.door
         with tracing.span("admission") as admission_span:
-            admission = gate.try_enter(estimate_tokens(length, gate.mean_request_tokens))
+            admission = door.try_enter(length, name)
             admission_span.set_attribute("bertserve.admitted", admission is not None)
         if admission is None:
-            overloaded = Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s())
+            overloaded = Overloaded(door.refusal(), retry_after_s=door.retry_after_s())
             return await _send_error(scope, send, overloaded, headers)
         scope[SCOPE_ADMISSION] = admission
         status = 500

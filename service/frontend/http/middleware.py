@@ -15,8 +15,8 @@ from starlette.responses import Response
 
 from service import tracing
 from service.errors import Overloaded, PayloadTooLarge, UnsupportedMediaType
+from service.frontend.admission import SCOPE_ADMISSION, Door
 from service.frontend.http import traces
-from service.frontend.http.admission import SCOPE_ADMISSION, AdmissionGate, estimate_tokens
 from service.frontend.http.errors import error_response, send_error
 from service.logs import (
     REQUEST_ID,
@@ -141,23 +141,23 @@ def json_only_refusal(scope: Scope) -> str | None:
 
 class AdmissionMiddleware:
     """429 at once, before the body is read or tokenized, for inference requests the gate does not admit. The
-    admitted request's share (`admission.Admission`) rides in the scope (SCOPE_ADMISSION): the route charges it
+    admitted request's shares (`admission.Passage`) ride in the scope (SCOPE_ADMISSION): the route charges it
     the request's real tokens once tokenized."""
 
-    def __init__(self, app: ASGIApp, gate: AdmissionGate, on_refused: Callable[[], None] | None = None) -> None:
+    def __init__(self, app: ASGIApp, door: Door, on_refused: Callable[[], None] | None = None) -> None:
         self.app = app
-        self.gate = gate
+        self.door = door
         self.on_refused = on_refused or (lambda: None)
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST" or not is_inference(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
-        gate = self.gate
-        admission = gate.try_enter(estimate_tokens(declared_length(scope), gate.mean_request_tokens))
+        door = self.door
+        admission = door.try_enter(declared_length(scope))
         if admission is None:
             self.on_refused()
-            await send_error(send, Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s()))
+            await send_error(send, Overloaded(door.refusal(), retry_after_s=door.retry_after_s()))
             return
         scope[SCOPE_ADMISSION] = admission
         sent = StatusRecorder(send)

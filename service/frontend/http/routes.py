@@ -24,8 +24,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from service.errors import BadRequest, InvalidInput, NotReady
+from service.frontend.admission import SCOPE_ADMISSION
 from service.frontend.http import schemas
-from service.frontend.http.admission import SCOPE_ADMISSION
 from service.frontend.http.errors import EMPTY_BODY, INVALID_JSON
 from service.frontend.http.httptools_protocol import SCOPE_ON_DISCONNECT
 from service.frontend.http.json_answer import JsonAnswer
@@ -291,6 +291,7 @@ async def admitted(request: Request) -> AsyncIterator[Ticket]:
     ticket.started = time.perf_counter()
     if (admission := request.scope.get(SCOPE_ADMISSION)) is not None:
         ticket.on_charge.append(admission.charge)
+        ticket.admitted_model = admission.model_name
     on_disconnect: list | None = request.scope.get(SCOPE_ON_DISCONNECT)  # this server's HTTP protocol calls them
     watcher = None
     if on_disconnect is not None:

@@ -15,8 +15,8 @@ from typing import Any
 from bertcore.messages import one_line
 from bertcore.model_config import ModelConfig
 from service.errors import NotReady, ServiceError
+from service.frontend.admission import AdmissionGate, Door
 from service.frontend.engine_client import Engine, LocalEngine, RemoteEngine
-from service.frontend.http.admission import AdmissionGate
 from service.frontend.pipeline import RequestPipeline
 from service.frontend.registry import ModelRegistry, ServedModel
 from service.metrics import Metrics
@@ -47,6 +47,7 @@ class ServerState:
             cold_requests=settings.admission_cold_requests,
             on_scale=self.metrics.admission_share.set,
         )
+        self.door = Door(self.admission, self.pipeline.model_gates, serves=lambda name: name in self.registry.models)
         self._draining = False
         self._watchers: list[Callable[[], None]] = []
         self._last_verdict: Verdict | None = None
