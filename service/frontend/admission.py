@@ -352,8 +352,7 @@ class Door:
 
 
 class ModelGates:
-    """A gate per model (the module's docstring says why), made at a model's first request: its request's tokens are
-    admitted at once, as they are charged at the door (`Admission.charge`)."""
+    """A gate per model (the module's docstring says why), made at the model's first request."""
 
     def __init__(
         self,
@@ -383,10 +382,3 @@ class ModelGates:
             )
             self._on_scale(model, gate.scale)  # the model's share is shown from its first request on
         return gate
-
-    def try_enter(self, model: str, tokens: int) -> Admission | None:
-        """The model's share for a request of `tokens` (charged: its work is in the engine from now), or None."""
-        admission = self.gate(model).try_enter(tokens)
-        if admission is not None:
-            admission.charge(tokens)
-        return admission

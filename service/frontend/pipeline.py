@@ -369,10 +369,11 @@ class RequestPipeline:
         serve, whatever the load on the one before."""
         if ticket.admitted_model == model.name or SELF_TEST.get() is not None:
             return None
-        share = self.model_gates.try_enter(model.name, tokens)
+        gate = self.model_gates.gate(model.name)
+        share = gate.try_enter(tokens)
         if share is None:
-            gate = self.model_gates.gate(model.name)
             raise Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s())
+        share.charge(tokens)  # tokenized: its real count, as the door's share was charged
         return share
 
 

@@ -403,9 +403,11 @@ def test_a_models_gate_made_at_its_first_request_is_cold_as_the_front_ends() -> 
     refused a cold server's burst that the front-end's gate, made seconds before, still admitted)."""
     clock = Clock()
     models = ModelGates(max_queue_s=2.0, floor_tokens=1000, cold_requests=8, clock=clock)
-    first = models.try_enter("large", 4000)
+    gate = models.gate("large")
+    first = gate.try_enter(4000)
     assert first is not None
+    first.charge(4000)
     clock.now += 0.9
     first.leave(completed=True)
-    admitted = [models.try_enter("large", 4000) for _ in range(9)]
+    admitted = [gate.try_enter(4000) for _ in range(9)]
     assert sum(share is not None for share in admitted) == 8  # the cold floor: 8 requests whatever they cost
