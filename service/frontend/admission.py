@@ -46,6 +46,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from service.errors import Overloaded
+
 SCOPE_ADMISSION = "bertserve.admission"  # where an admitted request's Passage rides in the ASGI scope
 TAIL_FACTOR = 0.4  # the mean wait aimed at, as a share of the bound (see AdmissionGate.limit)
 # A request body's bytes per token, for the estimate at the door: English WordPiece and BPE give ~4 characters a
@@ -279,6 +281,10 @@ class AdmissionGate:
             f"leave a new one no chance to be answered within --max-queue-s {self.max_queue_s:g}{slow}; retry shortly"
         )
 
+    def overloaded(self) -> Overloaded:
+        """The 429 for a request this gate refuses now: why (`refusal`) and when to retry (`retry_after_s`)."""
+        return Overloaded(self.refusal(), retry_after_s=self.retry_after_s())
+
     def _roll(self) -> None:
         now = math.floor(self.clock())
         if now == self._second:
@@ -344,11 +350,9 @@ class Door:
             return None
         return Passage(admission, share, model)
 
-    def refusal(self) -> str:
-        return self.refused_by.refusal()
-
-    def retry_after_s(self) -> int:
-        return self.refused_by.retry_after_s()
+    def overloaded(self) -> Overloaded:
+        """The 429 for the request refused last: the refusing gate's reason and retry hint."""
+        return self.refused_by.overloaded()
 
 
 class ModelGates:

@@ -16,7 +16,7 @@ from bertcore.rows import Row
 from bertcore.tasks import classification, embedding, ner, qa
 from bertcore.tasks.errors import TaskInputError
 from service import tracing
-from service.errors import InvalidInput, Overloaded, WrongTask, unpaired_surrogate
+from service.errors import InvalidInput, WrongTask, unpaired_surrogate
 from service.frontend.admission import Admission, ModelGates
 from service.frontend.engine_client import Engine
 from service.frontend.registry import SELF_TEST, ModelRegistry, ServedModel
@@ -372,7 +372,7 @@ class RequestPipeline:
         gate = self.model_gates.gate(model.name)
         share = gate.try_enter(tokens)
         if share is None:
-            raise Overloaded(gate.refusal(), retry_after_s=gate.retry_after_s())
+            raise gate.overloaded()
         share.charge(tokens)  # tokenized: its real count, as the door's share was charged
         return share
 

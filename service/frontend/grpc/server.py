@@ -34,7 +34,6 @@ from service.errors import (
     DeadlineExceeded,
     ModelNotFound,
     NotReady,
-    Overloaded,
     ServiceError,
     StartupError,
     Unauthorized,
@@ -105,7 +104,7 @@ class InferenceService:
         door = state.door
         admission = door.try_enter(request.ByteSize(), model.name)
         if admission is None:
-            raise Overloaded(door.refusal(), retry_after_s=door.retry_after_s())
+            raise door.overloaded()
         completed = False
         try:
             ticket = _ticket(state.settings, context)

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service import tracing
-from service.errors import Overloaded, PayloadTooLarge, ServiceError, UnsupportedMediaType
+from service.errors import PayloadTooLarge, ServiceError, UnsupportedMediaType
 from service.frontend.admission import SCOPE_ADMISSION, Door
 from service.frontend.http import errors as http_errors
 from service.frontend.http import traces
@@ -270,8 +270,7 @@ class InferenceGateway:
             admission = door.try_enter(length, name)
             admission_span.set_attribute("bertserve.admitted", admission is not None)
         if admission is None:
-            overloaded = Overloaded(door.refusal(), retry_after_s=door.retry_after_s())
-            return await _send_error(scope, send, overloaded, headers)
+            return await _send_error(scope, send, door.overloaded(), headers)
         scope[SCOPE_ADMISSION] = admission
         status = 500
         try:

@@ -14,7 +14,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from service import tracing
-from service.errors import Overloaded, PayloadTooLarge, UnsupportedMediaType
+from service.errors import PayloadTooLarge, UnsupportedMediaType
 from service.frontend.admission import SCOPE_ADMISSION, Door
 from service.frontend.http import traces
 from service.frontend.http.errors import error_response, send_error
@@ -157,7 +157,7 @@ class AdmissionMiddleware:
         admission = door.try_enter(declared_length(scope))
         if admission is None:
             self.on_refused()
-            await send_error(send, Overloaded(door.refusal(), retry_after_s=door.retry_after_s()))
+            await send_error(send, door.overloaded())
             return
         scope[SCOPE_ADMISSION] = admission
         sent = StatusRecorder(send)

@@ -363,7 +363,9 @@ def test_a_model_is_admitted_by_its_own_rate_not_only_by_the_front_ends() -> Non
     assert door.gate.rate() == 2200 and door.models.gate("large").rate() == 200
     large = [door.try_enter(400, "large") for _ in range(3)]  # 100 tokens each; "large" holds 0.4 x 2 x 200 = 160
     assert large[0] is not None and large[1] is None and large[2] is None
-    assert door.refusal().startswith("model large is at capacity: 1 requests in flight")
+    refused = door.overloaded()
+    assert refused.message.startswith("model large is at capacity: 1 requests in flight")
+    assert refused.headers == {"Retry-After": "1"}
     assert door.refused_by is door.models.gate("large")
     assert door.gate.in_flight == 1  # the refused ones left the front-end's gate as they came
     small = [door.try_enter(400, "small") for _ in range(10)]  # the door's room (1,760 tokens) is "small"'s
