@@ -115,7 +115,7 @@ class Metrics:
             "bertserve_model_admission_share",
             "Share of its usual work a model's own gate admits now (as bertserve_admission_share, from that model's "
             "answers alone: a model whose answers are late admits less of its own work, not of the others'); the "
-            "lowest of the live front-ends. A model appears at its first request.",
+            "lowest of the live front-ends. A model appears once it is served.",
             ["model"],
             registry=r,
             multiprocess_mode="livemin",
@@ -193,6 +193,12 @@ class Metrics:
         if child is None:
             child = self._series[key] = metric.labels(*labels)
         return child
+
+    def forget_series(self, gauge: Gauge, *labels: str) -> None:
+        """`forget` a gauge's series kept by `series`: the kept child goes too, so that a later `series` (the model
+        served again) makes one the gauge reports."""
+        self._series.pop((gauge, labels), None)
+        forget(gauge, *labels)
 
     def exposition(self) -> bytes:
         directory = os.environ.get(MULTIPROCESS_DIR)

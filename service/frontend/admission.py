@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from service.errors import Overloaded
 
@@ -153,7 +153,7 @@ class AdmissionGate:
         self._current = 0.0  # tokens finished in the current second
         # Tokens finished in each of the last whole seconds. A gate made `idle` starts as after `history` seconds that
         # finished nothing, where the rate counts as unknown (the floor admits), as a front-end's gate, made seconds
-        # before its first request, does: a model's gate is made at the model's first request, and one answer in its
+        # before its first request, does: a model's gate may be made at the model's first request, and one answer in its
         # first second is not a rate (a long request's tokens in that second would stand for all it can do).
         self._past: deque[float] = deque([0.0] * history if idle else [], maxlen=history)
 
@@ -356,7 +356,8 @@ class Door:
 
 
 class ModelGates:
-    """A gate per model (the module's docstring says why), made at the model's first request."""
+    """A gate per model (the module's docstring says why), made when the model is served (`follow`) or at its first
+    request, whichever comes first, and dropped when it is no longer served."""
 
     def __init__(
         self,
@@ -365,10 +366,12 @@ class ModelGates:
         cold_requests: int = 1,
         clock: Callable[[], float] = time.monotonic,
         on_scale: Callable[[str, float], None] = lambda model, scale: None,
+        on_forget: Callable[[str], None] = lambda model: None,
     ) -> None:
         self._settings = (max_queue_s, floor_tokens, cold_requests)
         self._clock = clock
-        self._on_scale = on_scale
+        self._on_scale = on_scale  # told each model's new share (bertserve_model_admission_share)
+        self._on_forget = on_forget  # told a model's gate is gone (its share's series is dropped)
         self._gates: dict[str, AdmissionGate] = {}
 
     def gate(self, model: str) -> AdmissionGate:
@@ -380,9 +383,25 @@ class ModelGates:
                 floor_tokens,
                 cold_requests=cold_requests,
                 clock=self._clock,
-                on_scale=lambda scale: self._on_scale(model, scale),
                 subject=f"model {model}",
                 idle=True,
             )
-            self._on_scale(model, gate.scale)  # the model's share is shown from its first request on
+            made = gate
+            gate.on_scale = lambda scale: self._scaled(model, made, scale)
+            self._on_scale(model, gate.scale)  # the model's share is shown from the gate's making on
         return gate
+
+    def follow(self, served: Iterable[str]) -> None:
+        """A gate for each model `served` (its share shown from its load on, by every front-end), none for a model
+        no longer served (unloaded): a model loaded again under its name starts cold, as a new one would. A request
+        still in flight leaves its dropped gate as it would have; that gate's share is no longer reported."""
+        served = set(served)
+        for model in [model for model in self._gates if model not in served]:
+            del self._gates[model]
+            self._on_forget(model)
+        for model in served:
+            self.gate(model)
+
+    def _scaled(self, model: str, gate: AdmissionGate, scale: float) -> None:
+        if self._gates.get(model) is gate:  # not a dropped gate's, whose model is gone (or loaded anew)
+            self._on_scale(model, scale)

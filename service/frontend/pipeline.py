@@ -64,7 +64,9 @@ class RequestPipeline:
             settings.admission_floor_tokens,
             cold_requests=settings.admission_cold_requests,
             on_scale=lambda model, scale: metrics.series(metrics.model_admission_share, model).set(scale),
+            on_forget=lambda model: metrics.forget_series(metrics.model_admission_share, model),
         )
+        registry.on_change.append(lambda: self.model_gates.follow(registry.models))  # a gate per model served
 
     async def model_for(self, name: str, task: str, ticket: Ticket) -> ServedModel:
         """The model, if it serves `task`. Waiting for an engine that is (re)connecting counts as queueing: it is

@@ -413,3 +413,41 @@ def test_a_models_gate_made_at_its_first_request_is_cold_as_the_front_ends() -> 
     first.leave(completed=True)
     admitted = [gate.try_enter(4000) for _ in range(9)]
     assert sum(share is not None for share in admitted) == 8  # the cold floor: 8 requests whatever they cost
+
+
+def test_each_served_model_has_a_gate_and_an_unloaded_ones_goes_with_its_share() -> None:
+    """The gates follow the models served: one made at a model's load (its share shown by every front-end), none
+    left for a model unloaded (the repository API); a request that was in flight leaves its dropped gate without
+    reporting on it; loaded again under its name, the model starts cold."""
+    clock = Clock()
+    reported: list[tuple[str, float]] = []
+    forgotten: list[str] = []
+    models = ModelGates(
+        max_queue_s=2.0,
+        floor_tokens=400,
+        clock=clock,
+        on_scale=lambda model, scale: reported.append((model, scale)),
+        on_forget=forgotten.append,
+    )
+    models.follow(["kept", "gone"])
+    assert sorted(reported) == [("gone", 1.0), ("kept", 1.0)] and forgotten == []
+    kept, dropped = models.gate("kept"), models.gate("gone")
+    for _ in range(3):  # "gone" learns a rate of 1,000 tokens a second
+        share = dropped.try_enter(1000)
+        assert share is not None
+        share.charge(1000)
+        clock.now += 1
+        share.leave(completed=True)
+    in_flight = dropped.try_enter(100)
+    assert in_flight is not None
+    in_flight.charge(100)
+    reported.clear()
+    models.follow(["kept"])
+    assert forgotten == ["gone"] and models.gate("kept") is kept and reported == []
+    clock.now += 1.9  # later than 70% of the bound: the dropped gate cuts its own share, reported nowhere
+    in_flight.leave(completed=True)
+    assert dropped.scale < 1 and reported == []
+    models.follow(["kept", "gone"])
+    again = models.gate("gone")
+    assert again is not dropped and not again.rate() and again.scale == 1  # a new gate, cold
+    assert reported == [("gone", 1.0)] and forgotten == ["gone"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -83,6 +85,14 @@ def test_the_admin_routes_need_the_admin_key(explicit) -> None:
         assert set(models(client)) == {"a"}  # nothing was loaded or unloaded
 
 
+def admission_share(server, model: str) -> float | None:
+    """`bertserve_model_admission_share` of `model` on /metrics; None where it is absent or NaN."""
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    found = re.search(rf'^bertserve_model_admission_share{{model="{model}"}} (\S+)$', text, re.MULTILINE)
+    value = float(found.group(1)) if found else math.nan
+    return None if math.isnan(value) else value
+
+
 def test_load_and_unload_a_model(explicit) -> None:
     loaded = admin(explicit, "/v2/repository/models/b/load")
     assert loaded.status_code == 200 and loaded.json()["state"] == "READY", loaded.text
@@ -90,12 +100,22 @@ def test_load_and_unload_a_model(explicit) -> None:
         assert every_front_end_serves(explicit, "b", loaded.json()["version"])
         assert models(client)["b"]["status"] == "ready"
         assert client.post("/v1/models/b/ner", json={"inputs": ["Peter lives in Paris"]}).status_code == 200
+        assert admission_share(explicit, "b") == 1.0  # its gate, made at its load
         unloaded = admin(explicit, "/v2/repository/models/b/unload")
         assert unloaded.status_code == 200 and unloaded.json()["state"] == "UNAVAILABLE", unloaded.text
         gone = client.post("/v1/models/b/ner", json={"inputs": ["Peter lives in Paris"]})
         assert gone.status_code == 404 and gone.json()["error_type"] == "not_found", gone.text
         assert "b" not in models(client)
         assert client.post(*CLASSIFY[:1], json=CLASSIFY[1]).status_code == 200
+    # its gate is gone and its share with it (removed in-process; NaN in process mode, whose files keep series)
+    assert wait_for(lambda: admission_share(explicit, "b") is None, timeout=10)
+    assert admission_share(explicit, "a") == 1.0
+    again = admin(explicit, "/v2/repository/models/b/load")  # served again: a new gate, its share shown again
+    assert again.status_code == 200 and again.json()["state"] == "READY", again.text
+    with explicit.client(headers=USER) as client:
+        assert client.post("/v1/models/b/ner", json={"inputs": ["Peter lives in Paris"]}).status_code == 200
+    assert admission_share(explicit, "b") == 1.0
+    assert admin(explicit, "/v2/repository/models/b/unload").status_code == 200
     states = {m["name"]: m["state"] for m in admin(explicit, "/v2/repository/index").json()}
     assert states == {"a": "READY", "b": "UNAVAILABLE"}
     assert f"model b: version {loaded.json()['version']} closed" in explicit.log()
