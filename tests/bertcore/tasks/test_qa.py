@@ -535,6 +535,22 @@ def test_answers_are_always_a_list_and_come_from_the_context(tiny_bert: TorchMod
         assert answer["answer"] == context[answer["start"] : answer["end"]]
 
 
+@pytest.mark.parametrize("context", ["   ", "\u00a0\u00a0\t"])
+def test_a_context_of_whitespace_alone_answers_the_empty_span_as_the_pipeline(
+    tiny_bert: TorchModel, context: str
+) -> None:
+    """No context token: the only candidate is the first token, its span's score zeroed after the null score is
+    taken, as the pipeline does. Checked against transformers 4.57.6's pipeline on the real SQuAD checkpoint
+    (2026-11-29; `[{"score": 0.0, "start": 0, "end": 0, "answer": ""}]` for top_k 1 and 3, the null answer's 1.0
+    with handle_impossible_answer): what a server answers for such a request, not an error."""
+    empty = {"score": 0.0, "start": 0, "end": 0, "answer": ""}
+    for question in ("Who won?", "   "):
+        assert tiny_bert.answer(question, context, qa.QaParams())[1] == [empty]
+        assert tiny_bert.answer(question, context, qa.QaParams(top_k=3))[1] == [empty]
+        impossible = tiny_bert.answer(question, context, qa.QaParams(handle_impossible_answer=True))[1]
+        assert impossible == [{**empty, "score": pytest.approx(1.0)}]
+
+
 def test_postprocess_refuses_logits_that_do_not_fit_the_windows(tiny_bert: TorchModel) -> None:
     params = qa.QaParams()
     features = qa.prepare(tiny_bert.tokenizer, "Who?", LONG_CONTEXT, params, 64)
