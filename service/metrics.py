@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set by the launcher in process mode: one view over all processes
 
@@ -213,20 +217,35 @@ class Metrics:
 
 
 def forget(gauge: Gauge, *labels: str) -> None:
-    """The series of a model no longer served: removed; in process mode (where a series written to the shared
-    directory cannot be removed) NaN, which no comparison in an alert rule matches (`== 0` included)."""
+    """The series of a model no longer served: removed. In process mode a series written to the shared directory
+    cannot be removed, so it is set to a mark the merge drops (`merged_exposition`): +inf for a gauge merged by its
+    lowest value, -inf for one merged by its highest, so that a process still reporting the series wins over the
+    mark whatever the order of the files. (A summed gauge's series forgotten must have one writer: the engine.)"""
     if os.environ.get(MULTIPROCESS_DIR):
-        gauge.labels(*labels).set(float("nan"))
+        lowest = getattr(gauge, "_multiprocess_mode", "") in ("min", "livemin")
+        gauge.labels(*labels).set(math.inf if lowest else -math.inf)
     else:
         with contextlib.suppress(KeyError):
             gauge.remove(*labels)
 
 
+class _Merged(Collector):
+    """Every process's metrics merged (prometheus_client's MultiProcessCollector), less the gauges' forgotten series
+    (`forget`'s marks): no gauge here has an infinite value of its own."""
+
+    def __init__(self, directory: str) -> None:
+        self._processes = MultiProcessCollector(None, path=directory)
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self._processes.collect():
+            if metric.type == "gauge":
+                metric.samples = [sample for sample in metric.samples if not math.isinf(sample.value)]
+            yield metric
+
+
 def merged_exposition(directory: str) -> bytes:
     """Every process's metrics written to a multiprocess directory, merged, in the exposition format."""
-    merged = CollectorRegistry()
-    MultiProcessCollector(merged, path=directory)
-    return generate_latest(merged)
+    return generate_latest(_Merged(directory))
 
 
 class ModelObserver:

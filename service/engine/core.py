@@ -14,19 +14,22 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bertcore.messages import one_line
 from bertcore.rows import Row
 from service.engine.batcher import Batcher
 from service.engine.runtime import ModelRuntime
 from service.errors import BadRequest, LoadFailed, ModelFailed, ModelNotFound, NotReady
-from service.metrics import Metrics
+from service.metrics import Metrics, forget
 from service.repository import entry_version, load_entries, name_problem, read_config, scan
 from service.settings import Settings
 from service.system.memory import malloc_trim
 from service.wire.model_status import ModelStatus
 from service.wire.ticket import Ticket
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 log = logging.getLogger("service.engine")
 # The longest a load call waits for every front-end to serve the new version (each self-tests it first)
@@ -118,6 +121,7 @@ class EngineCore:
         self._closing: set[asyncio.Task] = set()
         self._missing: dict[str, int] = {}  # polling: scans in a row that did not find the entry
         self._repository_error: str | None = None
+        self._described: dict[str, dict[Gauge, tuple[str, ...]]] = {}  # model -> its info series (`_describe`)
 
     def load(self) -> None:
         """Open every entry's session. StartupError where a model fails and --load-failure is fail."""
@@ -128,6 +132,7 @@ class EngineCore:
         started = time.monotonic()
         version = entry_version(entry)
         model.current = Generation(version, self._runtime(entry, version), started)
+        self._describe(entry.name, model.current.runtime)
 
     def _runtime(self, entry: Path, version: str) -> ModelRuntime:
         """The session of `version` of the entry (on any thread); ValueError where the entry changed meanwhile."""
@@ -145,13 +150,24 @@ class EngineCore:
         )
         if runtime.placement.note:
             log.warning("model %s: %s", entry.name, runtime.placement.note)
-        self.metrics.model_info.labels(
-            entry.name, runtime.config.task, runtime.config.architecture, runtime.variant, runtime.provider
-        ).set(1)
-        self.metrics.model_placement.labels(
-            entry.name, self.settings.device, runtime.provider, runtime.placement.reason
-        ).set(1)
         return runtime
+
+    def _describe(self, name: str, runtime: ModelRuntime | None) -> None:
+        """bertserve_model_info and bertserve_model_placement say what the version offered runs (`runtime`); the
+        series of the one before go where their labels differ (another variant, provider or reason), and all of
+        them where none is offered (unloaded, or its only version turned down)."""
+        before = self._described.pop(name, {})
+        now: dict[Gauge, tuple[str, ...]] = {}
+        if runtime is not None:
+            config = runtime.config
+            now[self.metrics.model_info] = (name, config.task, config.architecture, runtime.variant, runtime.provider)
+            now[self.metrics.model_placement] = (name, self.settings.device, runtime.provider, runtime.placement.reason)
+            self._described[name] = now
+        for gauge, labels in before.items():
+            if now.get(gauge) != labels:
+                forget(gauge, *labels)
+        for gauge, labels in now.items():
+            gauge.labels(*labels).set(1)
 
     def _failed(self, name: str, reason: str) -> None:
         model = self.models.setdefault(name, EngineModel(name))
@@ -321,6 +337,7 @@ class EngineCore:
             model.older.append(model.current)
         model.current, model.status, model.error = generation, ModelStatus.READY, None
         model.load_error = model.failed_version = None
+        self._describe(model.name, generation.runtime)
         log.info("model %s: version %s is loaded and warmed up", model.name, generation.version)
         self.on_change()
         self._retire()
@@ -361,6 +378,7 @@ class EngineCore:
             model.older.append(generation)
             if model.current is None:
                 model.status = ModelStatus.FAILED
+            self._describe(name, model.runtime)
         self._load_failed(name, version, reason)
         if model.current is None:
             model.error = reason
@@ -423,6 +441,7 @@ class EngineCore:
                     model.older.append(model.current)
                     self.metrics.model_version.labels(name, model.current.version).set(0)
                 model.current, model.status, model.error = None, ModelStatus.UNLOADING, None
+                self._describe(name, None)
                 self.metrics.model_unloads.labels(name, "ok").inc()
                 log.info("model %s: unloading", name)
                 self.on_change()
@@ -448,6 +467,7 @@ class EngineCore:
                 and not model.loading
             ):
                 del self.models[name]
+                forget(self.metrics.queue_depth, name)  # and again when a version still draining has closed
                 self.on_change()
 
     async def _close(self, name: str, generation: Generation, drain: bool = False) -> None:
@@ -465,6 +485,8 @@ class EngineCore:
         gc.collect()
         malloc_trim()
         log.info("model %s: version %s closed", name, generation.version)
+        if name not in self.models:  # the model is gone: its queue's series too, which the drain may have written
+            forget(self.metrics.queue_depth, name)
         self.on_change()
 
     def index(self) -> list[dict[str, Any]]:

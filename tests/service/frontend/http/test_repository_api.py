@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import re
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -85,12 +85,25 @@ def test_the_admin_routes_need_the_admin_key(explicit) -> None:
         assert set(models(client)) == {"a"}  # nothing was loaded or unloaded
 
 
-def admission_share(server, model: str) -> float | None:
-    """`bertserve_model_admission_share` of `model` on /metrics; None where it is absent or NaN."""
+# A model's own series, which go when it is no longer served: the Grafana dashboard's "Served models" table, its
+# model list, "Models ready" and the admission panel read them
+MODEL_SERIES = (
+    "bertserve_model_ready",
+    "bertserve_model_info",
+    "bertserve_model_placement",
+    "bertserve_queue_depth",
+    "bertserve_model_admission_share",
+)
+
+
+def model_series(server, model: str) -> dict[str, list[float]]:
+    """MODEL_SERIES' values for `model` on /metrics (each a list: info and placement have more labels)."""
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    found = re.search(rf'^bertserve_model_admission_share{{model="{model}"}} (\S+)$', text, re.MULTILINE)
-    value = float(found.group(1)) if found else math.nan
-    return None if math.isnan(value) else value
+    found: dict[str, list[float]] = {name: [] for name in MODEL_SERIES}
+    for name, labels, value in re.findall(r"^(bertserve_[a-z_]+)\{([^}]*)\} (\S+)$", text, re.MULTILINE):
+        if name in found and f'model="{model}"' in labels.split(","):
+            found[name].append(float(value))
+    return found
 
 
 def test_load_and_unload_a_model(explicit) -> None:
@@ -100,21 +113,29 @@ def test_load_and_unload_a_model(explicit) -> None:
         assert every_front_end_serves(explicit, "b", loaded.json()["version"])
         assert models(client)["b"]["status"] == "ready"
         assert client.post("/v1/models/b/ner", json={"inputs": ["Peter lives in Paris"]}).status_code == 200
-        assert admission_share(explicit, "b") == 1.0  # its gate, made at its load
+        assert model_series(explicit, "b") == {
+            "bertserve_model_ready": [1.0],
+            "bertserve_model_info": [1.0],
+            "bertserve_model_placement": [1.0],
+            "bertserve_queue_depth": [0.0],
+            "bertserve_model_admission_share": [1.0],  # its gate, made at its load
+        }
         unloaded = admin(explicit, "/v2/repository/models/b/unload")
         assert unloaded.status_code == 200 and unloaded.json()["state"] == "UNAVAILABLE", unloaded.text
         gone = client.post("/v1/models/b/ner", json={"inputs": ["Peter lives in Paris"]})
         assert gone.status_code == 404 and gone.json()["error_type"] == "not_found", gone.text
         assert "b" not in models(client)
         assert client.post(*CLASSIFY[:1], json=CLASSIFY[1]).status_code == 200
-    # its gate is gone and its share with it (removed in-process; NaN in process mode, whose files keep series)
-    assert wait_for(lambda: admission_share(explicit, "b") is None, timeout=10)
-    assert admission_share(explicit, "a") == 1.0
-    again = admin(explicit, "/v2/repository/models/b/load")  # served again: a new gate, its share shown again
+    # its series are gone (in process mode too, where each process's file keeps a series it cannot remove), a's stay
+    assert wait_for(lambda: not any(model_series(explicit, "b").values()), timeout=10), model_series(explicit, "b")
+    assert all(values for values in model_series(explicit, "a").values()), model_series(explicit, "a")
+    again = admin(explicit, "/v2/repository/models/b/load")  # served again: its series again, a new gate's share
     assert again.status_code == 200 and again.json()["state"] == "READY", again.text
     with explicit.client(headers=USER) as client:
         assert client.post("/v1/models/b/ner", json={"inputs": ["Peter lives in Paris"]}).status_code == 200
-    assert admission_share(explicit, "b") == 1.0
+    shown = model_series(explicit, "b")
+    assert all(len(values) == 1 for values in shown.values()), shown
+    assert shown["bertserve_model_admission_share"] == shown["bertserve_model_ready"] == [1.0], shown
     assert admin(explicit, "/v2/repository/models/b/unload").status_code == 200
     states = {m["name"]: m["state"] for m in admin(explicit, "/v2/repository/index").json()}
     assert states == {"a": "READY", "b": "UNAVAILABLE"}
@@ -198,6 +219,23 @@ def test_two_loads_of_one_model_at_once_are_served_one_after_the_other(explicit)
         assert every_front_end_serves(explicit, "a", answers[0].json()["version"])
         assert client.post(*CLASSIFY[:1], json=CLASSIFY[1]).status_code == 200
     assert explicit.process.poll() is None
+
+
+def test_a_model_replaced_by_another_task_under_its_name_is_described_once(explicit) -> None:
+    """An entry exported again from another checkpoint (here a tagger where a classifier was) keeps its name: the
+    model's info series says what serves now, not both, and it is gone with the model."""
+    publish(explicit.repository, "c", explicit.source / "bert-classification")
+    try:
+        assert admin(explicit, "/v2/repository/models/c/load").status_code == 200
+        publish(explicit.repository, "c", explicit.source / "bert-ner")
+        assert admin(explicit, "/v2/repository/models/c/load").status_code == 200
+        text = httpx.get(explicit.url + "/metrics", timeout=30).text
+        described = re.findall(r'^bertserve_model_info\{([^}]*model="c"[^}]*)\} 1\.0$', text, re.MULTILINE)
+        assert len(described) == 1 and 'task="ner"' in described[0], described
+        assert admin(explicit, "/v2/repository/models/c/unload").status_code == 200
+        assert wait_for(lambda: not any(model_series(explicit, "c").values()), timeout=10), model_series(explicit, "c")
+    finally:
+        shutil.rmtree(explicit.repository / "c", ignore_errors=True)
 
 
 def test_the_routes_are_absent_unless_explicit(tiny_server) -> None:
