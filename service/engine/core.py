@@ -467,7 +467,7 @@ class EngineCore:
                 and not model.loading
             ):
                 del self.models[name]
-                forget(self.metrics.queue_depth, name)  # and again when a version still draining has closed
+                self._forget_model(name)
                 self.on_change()
 
     async def _close(self, name: str, generation: Generation, drain: bool = False) -> None:
@@ -485,8 +485,17 @@ class EngineCore:
         gc.collect()
         malloc_trim()
         log.info("model %s: version %s closed", name, generation.version)
-        if name not in self.models:  # the model is gone: its queue's series too, which the drain may have written
-            forget(self.metrics.queue_depth, name)
+        model = self.models.get(name)
+        if model is None or model.generation(generation.version) is None:  # not the same version loaded anew
+            forget(self.metrics.model_version, name, generation.version)
+        if model is None:  # the model is gone: its queue's series too, which the drain may have written
+            self._forget_model(name)
+
+    def _forget_model(self, name: str) -> None:
+        """A model gone (unloaded, its versions closed or closing): its series that would otherwise stay, the last
+        load's failure included (its alert would fire for a model no longer there)."""
+        forget(self.metrics.queue_depth, name)
+        forget(self.metrics.model_load_failed, name)
         self.on_change()
 
     def index(self) -> list[dict[str, Any]]:

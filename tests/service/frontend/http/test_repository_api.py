@@ -93,12 +93,17 @@ MODEL_SERIES = (
     "bertserve_model_placement",
     "bertserve_queue_depth",
     "bertserve_model_admission_share",
+    "bertserve_model_version_info",
 )
+
+
+def metrics_text(server) -> str:
+    return httpx.get(server.url + "/metrics", timeout=30).text
 
 
 def model_series(server, model: str) -> dict[str, list[float]]:
     """MODEL_SERIES' values for `model` on /metrics (each a list: info and placement have more labels)."""
-    text = httpx.get(server.url + "/metrics", timeout=30).text
+    text = metrics_text(server)
     found: dict[str, list[float]] = {name: [] for name in MODEL_SERIES}
     for name, labels, value in re.findall(r"^(bertserve_[a-z_]+)\{([^}]*)\} (\S+)$", text, re.MULTILINE):
         if name in found and f'model="{model}"' in labels.split(","):
@@ -119,6 +124,7 @@ def test_load_and_unload_a_model(explicit) -> None:
             "bertserve_model_placement": [1.0],
             "bertserve_queue_depth": [0.0],
             "bertserve_model_admission_share": [1.0],  # its gate, made at its load
+            "bertserve_model_version_info": [1.0],
         }
         unloaded = admin(explicit, "/v2/repository/models/b/unload")
         assert unloaded.status_code == 200 and unloaded.json()["state"] == "UNAVAILABLE", unloaded.text
@@ -229,13 +235,32 @@ def test_a_model_replaced_by_another_task_under_its_name_is_described_once(expli
         assert admin(explicit, "/v2/repository/models/c/load").status_code == 200
         publish(explicit.repository, "c", explicit.source / "bert-ner")
         assert admin(explicit, "/v2/repository/models/c/load").status_code == 200
-        text = httpx.get(explicit.url + "/metrics", timeout=30).text
+        text = metrics_text(explicit)
         described = re.findall(r'^bertserve_model_info\{([^}]*model="c"[^}]*)\} 1\.0$', text, re.MULTILINE)
         assert len(described) == 1 and 'task="ner"' in described[0], described
+        # the version before closes once no front-end uses it: its version series goes, not left at 0 for good
+        assert wait_for(lambda: model_series(explicit, "c")["bertserve_model_version_info"] == [1.0], timeout=10)
         assert admin(explicit, "/v2/repository/models/c/unload").status_code == 200
         assert wait_for(lambda: not any(model_series(explicit, "c").values()), timeout=10), model_series(explicit, "c")
     finally:
         shutil.rmtree(explicit.repository / "c", ignore_errors=True)
+
+
+def test_an_unloaded_model_whose_load_failed_leaves_no_failure_behind(explicit) -> None:
+    """bertserve_model_load_failed is 1 while a model's latest load failed (the alert BertserveModelLoadFailed);
+    once the model is unloaded there is nothing to alert about."""
+    publish(explicit.repository, "d", explicit.source / "bert-classification", corrupt=True)
+    try:
+        failed = admin(explicit, "/v2/repository/models/d/load")
+        assert failed.status_code >= 400, failed.text
+        assert 'bertserve_model_load_failed{model="d"} 1.0' in metrics_text(explicit)
+        assert admin(explicit, "/v2/repository/models/d/unload").status_code == 200
+        assert wait_for(
+            lambda: not re.search(r'^bertserve_model_load_failed\{model="d"\}', metrics_text(explicit), re.MULTILINE),
+            timeout=10,
+        )
+    finally:
+        shutil.rmtree(explicit.repository / "d", ignore_errors=True)
 
 
 def test_the_routes_are_absent_unless_explicit(tiny_server) -> None:
