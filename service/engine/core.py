@@ -490,13 +490,13 @@ class EngineCore:
             forget(self.metrics.model_version, name, generation.version)
         if model is None:  # the model is gone: its queue's series too, which the drain may have written
             self._forget_model(name)
+        self.on_change()
 
     def _forget_model(self, name: str) -> None:
         """A model gone (unloaded, its versions closed or closing): its series that would otherwise stay, the last
         load's failure included (its alert would fire for a model no longer there)."""
         forget(self.metrics.queue_depth, name)
         forget(self.metrics.model_load_failed, name)
-        self.on_change()
 
     def index(self) -> list[dict[str, Any]]:
         """The repository's entries and the loaded models, with their state (Triton's names) and version: the one
