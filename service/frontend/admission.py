@@ -383,11 +383,10 @@ class ModelGates:
                 floor_tokens,
                 cold_requests=cold_requests,
                 clock=self._clock,
+                on_scale=lambda scale: self._on_scale(model, scale),
                 subject=f"model {model}",
                 idle=True,
             )
-            made = gate
-            gate.on_scale = lambda scale: self._scaled(model, made, scale)
             self._on_scale(model, gate.scale)  # the model's share is shown from the gate's making on
         return gate
 
@@ -397,11 +396,7 @@ class ModelGates:
         still in flight leaves its dropped gate as it would have; that gate's share is no longer reported."""
         served = set(served)
         for model in [model for model in self._gates if model not in served]:
-            del self._gates[model]
+            self._gates.pop(model).on_scale = lambda scale: None  # its share, reported nowhere from now on
             self._on_forget(model)
         for model in served:
             self.gate(model)
-
-    def _scaled(self, model: str, gate: AdmissionGate, scale: float) -> None:
-        if self._gates.get(model) is gate:  # not a dropped gate's, whose model is gone (or loaded anew)
-            self._on_scale(model, scale)
