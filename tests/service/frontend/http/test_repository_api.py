@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.service.conftest import run_service, wait_for
 from tests.service.lifecycle import Traffic, models, publish, samples
@@ -97,18 +97,24 @@ MODEL_SERIES = (
 )
 
 
-def metrics_text(server) -> str:
-    return httpx.get(server.url + "/metrics", timeout=30).text
+def model_samples(server, model: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample of `model` on /metrics, by sample name: its labels and value."""
+    found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(httpx.get(server.url + "/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.labels.get("model") == model:
+                found.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return found
 
 
 def model_series(server, model: str) -> dict[str, list[float]]:
     """MODEL_SERIES' values for `model` on /metrics (each a list: info and placement have more labels)."""
-    text = metrics_text(server)
-    found: dict[str, list[float]] = {name: [] for name in MODEL_SERIES}
-    for name, labels, value in re.findall(r"^(bertserve_[a-z_]+)\{([^}]*)\} (\S+)$", text, re.MULTILINE):
-        if name in found and f'model="{model}"' in labels.split(","):
-            found[name].append(float(value))
-    return found
+    samples = model_samples(server, model)
+    return {name: [value for _, value in samples.get(name, [])] for name in MODEL_SERIES}
+
+
+def load_failed(server, model: str) -> list[float]:
+    return [value for _, value in model_samples(server, model).get("bertserve_model_load_failed", [])]
 
 
 def test_load_and_unload_a_model(explicit) -> None:
@@ -235,9 +241,8 @@ def test_a_model_replaced_by_another_task_under_its_name_is_described_once(expli
         assert admin(explicit, "/v2/repository/models/c/load").status_code == 200
         publish(explicit.repository, "c", explicit.source / "bert-ner")
         assert admin(explicit, "/v2/repository/models/c/load").status_code == 200
-        text = metrics_text(explicit)
-        described = re.findall(r'^bertserve_model_info\{([^}]*model="c"[^}]*)\} 1\.0$', text, re.MULTILINE)
-        assert len(described) == 1 and 'task="ner"' in described[0], described
+        described = model_samples(explicit, "c")["bertserve_model_info"]
+        assert [(labels["task"], value) for labels, value in described] == [("ner", 1.0)], described
         # the version before closes once no front-end uses it: its version series goes, not left at 0 for good
         assert wait_for(lambda: model_series(explicit, "c")["bertserve_model_version_info"] == [1.0], timeout=10)
         assert admin(explicit, "/v2/repository/models/c/unload").status_code == 200
@@ -253,12 +258,9 @@ def test_an_unloaded_model_whose_load_failed_leaves_no_failure_behind(explicit) 
     try:
         failed = admin(explicit, "/v2/repository/models/d/load")
         assert failed.status_code >= 400, failed.text
-        assert 'bertserve_model_load_failed{model="d"} 1.0' in metrics_text(explicit)
+        assert load_failed(explicit, "d") == [1.0]
         assert admin(explicit, "/v2/repository/models/d/unload").status_code == 200
-        assert wait_for(
-            lambda: not re.search(r'^bertserve_model_load_failed\{model="d"\}', metrics_text(explicit), re.MULTILINE),
-            timeout=10,
-        )
+        assert wait_for(lambda: load_failed(explicit, "d") == [], timeout=10)
     finally:
         shutil.rmtree(explicit.repository / "d", ignore_errors=True)
 
