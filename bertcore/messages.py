@@ -15,3 +15,12 @@ def one_line(exc: BaseException, limit: int = 300, hide: str | Path | None = Non
     if len(line) > limit:
         line = line[: limit - 3] + "..."
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A value as an error message quotes it: its repr, cut to `limit` characters. A message echoes what the client
+    sent, and it must stay short whatever that was: gRPC carries it in a trailer that clients refuse past 8-16 KB
+    (tritonclient then reports RESOURCE_EXHAUSTED, not the error), and a log line or an HTTP body has no use for
+    20,000 characters of it either."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

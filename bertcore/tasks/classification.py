@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bertcore.messages import shown
 from bertcore.rows import Row
 from bertcore.tasks.errors import TaskInputError
 from bertcore.tokenization import TextTokenizer
@@ -55,7 +56,7 @@ def default_function(problem_type: str | None, num_labels: int) -> str:
 def check_function(function: str | None) -> None:
     if function is not None and function not in FUNCTIONS:
         raise TaskInputError(
-            f"unknown function_to_apply {function!r}; expected one of: {', '.join(FUNCTIONS)}",
+            f"unknown function_to_apply {shown(function)}; expected one of: {', '.join(FUNCTIONS)}",
             field="function_to_apply",
         )
 

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 from tokenizers import Encoding
 
+from bertcore.messages import shown
 from bertcore.plain_wordpiece import PlainEncoding
 from bertcore.rows import Row
 from bertcore.tasks.errors import TaskInputError
@@ -141,7 +142,7 @@ def default_stride(tokenizer: TextTokenizer, max_length: int) -> int:
 def check_strategy(strategy: str) -> None:
     if strategy not in AGGREGATION_STRATEGIES:
         raise TaskInputError(
-            f"unknown aggregation strategy {strategy!r}; expected one of: {', '.join(AGGREGATION_STRATEGIES)}",
+            f"unknown aggregation strategy {shown(strategy)}; expected one of: {', '.join(AGGREGATION_STRATEGIES)}",
             field="aggregation_strategy",
         )
 

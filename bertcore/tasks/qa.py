@@ -75,6 +75,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding
 
+from bertcore.messages import shown
 from bertcore.plain_wordpiece import PlainPairEncoding
 from bertcore.rows import Row
 from bertcore.tasks.errors import TaskInputError
@@ -125,7 +126,7 @@ class QaParams:
             _check_int("doc_stride", self.doc_stride, minimum=0)
         for name in ("handle_impossible_answer", "align_to_words"):
             if not isinstance(getattr(self, name), bool):
-                raise QaInputError(f"{name} must be true or false (got {getattr(self, name)!r})", field=name)
+                raise QaInputError(f"{name} must be true or false (got {shown(getattr(self, name))})", field=name)
         if self.max_seq_len is not None and self.doc_stride is not None:
             _check_stride(self.doc_stride, self.max_seq_len)
 
@@ -146,9 +147,9 @@ class QaParams:
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise QaInputError(f"{name} must be an integer (got {value!r})", field=name)
+        raise QaInputError(f"{name} must be an integer (got {shown(value)})", field=name)
     if value < minimum:
-        raise QaInputError(f"{name} must be >= {minimum} (got {value})", field=name)
+        raise QaInputError(f"{name} must be >= {minimum} (got {shown(value)})", field=name)
 
 
 def _check_stride(doc_stride: int, max_seq_len: int) -> None:

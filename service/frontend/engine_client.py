@@ -189,16 +189,18 @@ class RemoteEngine:
             raise EngineUnavailable("the engine is not connected (starting or restarting); try again shortly")
         if self._silent:
             raise EngineUnavailable(f"{self.unresponsive()}; try again shortly")
-        request_id = next(self._ids)
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._pending[request_id] = future
+        # The frame made before the request is pending: a request that cannot be framed leaves nothing behind
         lengths = [len(row) for row in rows]
         arrays = frames.pack_rows([row.input_ids for row in rows], [row.token_type_ids for row in rows])
+        request_id = next(self._ids)
         timeout = ticket.deadline - time.monotonic()
         trace = ticket.trace
         carried = None if trace is None else (trace.trace_id, trace.span_id, int(trace.trace_flags))
-        writer.write(frames.encode_infer(request_id, model, timeout, lengths, ticket.request_id, arrays, carried))
+        frame_bytes = frames.encode_infer(request_id, model, timeout, lengths, ticket.request_id, arrays, carried)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending[request_id] = future
+        writer.write(frame_bytes)
         ticket.on_cancel.append(lambda: self._cancel(request_id))
         # A timer on the future itself, not asyncio.wait_for (a second future and its callbacks per request)
         timer = loop.call_later(timeout + REPLY_GRACE_S, _expire, future)

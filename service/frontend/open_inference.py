@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from bertcore.messages import shown
 from bertcore.tasks.ner import AGGREGATION_STRATEGIES
 from bertcore.version import __version__
 from service.errors import BadRequest, InvalidInput, NotReady
@@ -166,7 +167,7 @@ def count_of(tensor: InputTensor) -> int:
     """The number of elements the tensor's shape says, where the shape is one this server takes: [N] or [N, 1]."""
     shape = tensor.shape
     if len(shape) not in (1, 2) or any(dim < 0 for dim in shape) or (len(shape) == 2 and shape[1] != 1):
-        raise BadRequest(f"input {tensor.name}: shape {list(shape)}; expected [N] or [N, 1] (N texts)")
+        raise BadRequest(f"input {tensor.name}: shape {shown(list(shape))}; expected [N] or [N, 1] (N texts)")
     return shape[0]
 
 
@@ -200,9 +201,9 @@ def texts_of(tensor: InputTensor, pipeline: RequestPipeline) -> list[str]:
     else:
         elements = tensor.values if tensor.values is not None else []
         if len(elements) != count:
-            raise BadRequest(
-                f"input {tensor.name}: shape {list(tensor.shape)} says {count} elements, the data holds {len(elements)}"
-            )
+            held = len(elements)
+            shape = shown(list(tensor.shape))
+            raise BadRequest(f"input {tensor.name}: shape {shape} says {count} elements, the data holds {held}")
     texts = []
     for i, element in enumerate(elements):
         if isinstance(element, bytes):
@@ -248,8 +249,11 @@ async def infer(
     texts = _inputs(task, inputs, pipeline)
     counts = {len(values) for values in texts.values()}
     if len(counts) > 1:
-        shown = ", ".join(f"{name} {len(values)}" for name, values in texts.items())
-        raise BadRequest(f"the inputs hold different numbers of texts ({shown}); each input needs one per row")
+        held = ", ".join(f"{name} {len(values)}" for name, values in texts.items())
+        raise BadRequest(f"the inputs hold different numbers of texts ({held}); each input needs one per row")
+    if counts == {0}:  # as the native routes refuse an empty list of inputs
+        first = next(iter(texts))
+        raise InvalidInput(f"input {first}: no texts (shape [0]); a request needs at least one", field=first)
     if model.task == "classification":
         outputs, timings = await _classify(pipeline, model.name, texts, options, ticket)
     elif model.task == "ner":
@@ -281,7 +285,7 @@ async def _classify(
 ) -> tuple[list[OutputTensor], Timings]:
     top_k = options.get("top_k", 1)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise InvalidInput(f"parameter top_k must be a whole number of at least 1, not {top_k!r}", field="top_k")
+        raise InvalidInput(f"parameter top_k must be a whole number of at least 1, not {shown(top_k)}", field="top_k")
     pairs = texts.get("text_pair")
     inputs: list[Any] = list(texts["text"]) if pairs is None else list(zip(texts["text"], pairs, strict=True))
     results, timings = await pipeline.classify(name, inputs, top_k, ticket)
@@ -298,7 +302,7 @@ async def _recognize(
     strategy = options.get("aggregation_strategy", "simple")
     if strategy not in AGGREGATION_STRATEGIES:
         raise InvalidInput(
-            f"parameter aggregation_strategy must be one of {', '.join(AGGREGATION_STRATEGIES)}, not {strategy!r}",
+            f"parameter aggregation_strategy must be one of {', '.join(AGGREGATION_STRATEGIES)}, not {shown(strategy)}",
             field="aggregation_strategy",
         )
     results, timings = await pipeline.ner(name, texts, strategy, ticket)
@@ -324,9 +328,9 @@ async def _embed(
 ) -> tuple[list[OutputTensor], Timings]:
     normalize, dimensions = options.get("normalize", True), options.get("dimensions")
     if not isinstance(normalize, bool):
-        raise InvalidInput(f"parameter normalize must be true or false, not {normalize!r}", field="normalize")
+        raise InvalidInput(f"parameter normalize must be true or false, not {shown(normalize)}", field="normalize")
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)):
-        raise InvalidInput(f"parameter dimensions must be a whole number, not {dimensions!r}", field="dimensions")
+        raise InvalidInput(f"parameter dimensions must be a whole number, not {shown(dimensions)}", field="dimensions")
     vectors, timings = await pipeline.embed(name, texts, ticket, normalize, dimensions, field="text")
     size = len(vectors[0]) if vectors else 0
     data = np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float32)

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError, Message
 from opentelemetry.trace import SpanKind
 
 from service import tracing
@@ -53,6 +54,9 @@ SERVICE = "inference.GRPCInferenceService"
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # the probes: open as /livez and /readyz are
 INFER_ENDPOINT = "grpc-infer"  # the request metrics' endpoint label
 CLIENT_CLOSED = 499  # the metrics' status of a call its client cancelled
+# The longest error message sent: it travels in a trailer, and clients refuse trailers past 8-16 KB (tritonclient
+# then reports RESOURCE_EXHAUSTED instead of the error); the messages quote clients' values cut short already
+MAX_MESSAGE_CHARS = 2000
 
 
 class InferenceService:
@@ -89,6 +93,9 @@ class InferenceService:
         raw = request.raw_input_contents
         if raw and len(raw) != len(request.inputs):
             raise BadRequest(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: one each is needed")
+        for tensor in request.inputs if raw else ():  # two payloads for a tensor: which was meant is not ours to guess
+            if tensor.HasField("contents"):
+                raise BadRequest(f"input {tensor.name[:100]!r}: both contents and raw_input_contents; send one")
         inputs = [
             oip.InputTensor(
                 tensor.name,
@@ -164,16 +171,20 @@ class Call:
     """One method as grpc calls it: the key, the request id, the error codes, the access line and the metrics around
     the service's own method."""
 
-    def __init__(self, name: str, method: Method, keys: ApiKeys, state: ServerState) -> None:
+    def __init__(self, name: str, method: Method, request_type: type[Message], keys: ApiKeys, state: ServerState):
         self.name = name
         self.path = f"/{SERVICE}/{name}"
         self.method = method
+        self.request_type = request_type
         self.keys = keys
         self.state = state
         self.needs_key = keys.enabled and name not in OPEN_METHODS
 
-    async def __call__(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def __call__(self, message: bytes, context: grpc.aio.ServicerContext) -> Any:
+        """`message`: the request's bytes, read here so that bytes that are no such message are the client's error
+        (INVALID_ARGUMENT), counted and logged as any other, not grpc's UNKNOWN and a traceback."""
         started = time.perf_counter()
+        request: Any = None
         metadata = {key: value for key, value in context.invocation_metadata() or ()}
         raw_id = metadata.get("x-request-id")
         request_id = request_id_from(raw_id.encode("latin-1", "replace") if isinstance(raw_id, str) else raw_id)
@@ -186,6 +197,7 @@ class Call:
         status = 500
         error_type: str | None = None
         try:
+            request = self._read(message)
             if self.needs_key:
                 self._authorize(metadata.get("authorization"))
             response = await self.method(request, context)
@@ -194,7 +206,10 @@ class Call:
         except ServiceError as exc:
             status, error_type = exc.status_code, type(exc).__name__
             trailing = tuple((name.lower(), value) for name, value in exc.headers.items() if name == "Retry-After")
-            await context.abort(code_of(exc), exc.message, trailing_metadata=trailing)
+            text = exc.message
+            if len(text) > MAX_MESSAGE_CHARS:
+                text = text[: MAX_MESSAGE_CHARS - 3] + "..."
+            await context.abort(code_of(exc), text, trailing_metadata=trailing)
         except asyncio.CancelledError:
             status = 504 if (context.time_remaining() or 1.0) <= 0 else CLIENT_CLOSED
             error_type = "DeadlineExceeded" if status == 504 else "Cancelled"
@@ -209,6 +224,13 @@ class Call:
             self._record(request, context, status, time.perf_counter() - started, request_id)
             if span is not None:
                 self._end(span, status, error_type)
+
+    def _read(self, message: bytes) -> Any:
+        try:
+            return self.request_type.FromString(message)
+        except DecodeError:
+            name = self.request_type.DESCRIPTOR.full_name
+            raise BadRequest(f"the request's bytes do not read as a protobuf {name}") from None
 
     def _span(self, metadata: dict[str, Any], context: grpc.aio.ServicerContext) -> tracing.CurrentSpan | None:
         """The call's server span (the RPC conventions' name and attributes), child of the client's traceparent
@@ -236,7 +258,9 @@ class Call:
             raise Unauthorized("the API key is not valid")
 
     def _record(self, request: Any, context: grpc.aio.ServicerContext, status: int, seconds: float, rid: str) -> None:
-        model = getattr(request, "model_name", None) if self.name == "ModelInfer" else None
+        model = None
+        if self.name == "ModelInfer":  # one whose message could not be read (None) is the unknown model's
+            model = "" if request is None else request.model_name
         if model is not None:
             metrics = self.state.metrics
             label = model if model in self.state.registry.models else "unknown"  # bounded label values
@@ -267,8 +291,8 @@ def handler(state: ServerState, keys: ApiKeys) -> grpc.GenericRpcHandler:
         SERVICE,
         {
             name: grpc.unary_unary_rpc_method_handler(
-                Call(name, method, keys, state).__call__,  # a coroutine function, as grpc.aio looks for
-                request_deserializer=request_type.FromString,
+                Call(name, method, request_type, keys, state).__call__,  # a coroutine function, as grpc.aio wants
+                request_deserializer=None,  # the bytes: Call reads them
                 response_serializer=response_type.SerializeToString,
             )
             for name, (method, request_type, response_type) in methods.items()

@@ -180,6 +180,8 @@ async def infer(request: Request) -> Response:
             raw, offset = binary[offset : offset + size], offset + size
             if len(raw) != size:
                 raise BadRequest(f"input {tensor.name}: binary_data_size {size} runs past the end of the body")
+            if tensor.data is not None:  # two payloads for one tensor: which was meant is not for us to guess
+                raise BadRequest(f"input {tensor.name}: both data and binary_data_size; send its texts one way")
         values = None if raw is not None else _flat(tensor.data or [])
         inputs.append(oip.InputTensor(tensor.name, tensor.datatype, tensor.shape, values=values, raw=raw))
     if binary is not None and offset != len(binary):

@@ -145,3 +145,24 @@ def test_a_request_the_engine_never_answers_fails_at_its_deadline_and_is_cancell
     took, received = asyncio.run(scenario())
     assert 0.2 + REPLY_GRACE_S - 0.05 <= took < 0.2 + REPLY_GRACE_S + 2.0
     assert received.count("infer") == 1 and received.index("cancel") > received.index("infer")
+
+
+def test_a_request_that_cannot_be_framed_leaves_nothing_in_flight(tmp_path: Path) -> None:
+    """No rows make no frame (an adapter that let an empty tensor through once got a 500 here): the error is
+    raised before the request counts as in flight, so nothing waits for a reply that cannot come, and the engine
+    is sent nothing."""
+
+    async def scenario() -> tuple[int, list[str]]:
+        async with FakeEngineSocket(tmp_path / "engine.sock") as fake:
+            engine = RemoteEngine(fake.path, silence_s=30)
+            await connected(engine)
+            with pytest.raises(ValueError):
+                await engine.infer("m", [], Ticket.with_timeout(5))
+            await asyncio.sleep(0.1)
+            in_flight = len(engine._pending)
+            await engine.stop()
+            return in_flight, fake.received
+
+    in_flight, received = asyncio.run(scenario())
+    assert in_flight == 0
+    assert "infer" not in received

@@ -119,6 +119,10 @@ def hostile_calls() -> list[tuple[str, pb.ModelInferRequest, grpc.StatusCode, st
     overrun.raw_input_contents[0] = struct.pack("<I", 1000) + b"abc"
     fp32 = pb.ModelInferRequest(model_name=ok)
     fp32.inputs.add(name="text", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    long_value = raw_request(ok, "text", [b"a"])
+    long_value.parameters["top_k"].string_param = "x" * 20_000  # echoed whole, its trailer outgrew the client's limit
+    both = raw_request(ok, "text", [b"from the raw bytes"])
+    both.inputs[0].contents.bytes_contents.append(b"from the contents")
     return [
         ("oversize", raw_request(ok, "text", [b"x" * (9 * 1024 * 1024)]), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
         (
@@ -148,6 +152,15 @@ def hostile_calls() -> list[tuple[str, pb.ModelInferRequest, grpc.StatusCode, st
             "it takes BYTES",
         ),
         ("not UTF-8", raw_request(ok, "text", [b"caf\xe9"]), grpc.StatusCode.INVALID_ARGUMENT, "byte 3 is not UTF-8"),
+        ("no texts", raw_request(ok, "text", [], shape=[0]), grpc.StatusCode.INVALID_ARGUMENT, "no texts (shape [0])"),
+        ("a parameter of 20,000 characters", long_value, grpc.StatusCode.INVALID_ARGUMENT, "top_k must be a whole"),
+        (
+            "a shape of 5,000 dimensions",
+            raw_request(ok, "text", [b"a"], shape=[1] * 5000),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "expected [N] or [N, 1]",
+        ),
+        ("contents and raw contents", both, grpc.StatusCode.INVALID_ARGUMENT, "both contents and raw_input_contents"),
         ("a million empty strings", million, grpc.StatusCode.INVALID_ARGUMENT, "1000000 inputs in one request"),
         ("a million empty strings, typed", typed_million, grpc.StatusCode.INVALID_ARGUMENT, "1000000 inputs"),
         ("unknown model", raw_request("nope", "text", [b"a"]), grpc.StatusCode.NOT_FOUND, "no model named 'nope'"),
@@ -166,8 +179,29 @@ def test_hostile_calls_get_a_clear_status_and_the_server_keeps_serving(strict_oi
             stub.ModelInfer(request, metadata=AUTH, timeout=30)
         assert error.value.code() == code, error.value.details()
         assert words in (error.value.details() or "")
+        assert len(error.value.details() or "") < 500  # what the client sent is quoted cut short, if at all
         assert stub.ModelInfer(GOOD, metadata=AUTH, timeout=30).outputs[0].name == "label"
     assert "Traceback" not in strict_oip_server.http.log()
+
+
+def test_bytes_that_are_no_message_are_invalid_argument_counted_and_logged_without_a_traceback(oip_server) -> None:
+    """grpcio's own reading of the message answered UNKNOWN, with Python's exception class in the message, a
+    traceback in the log for each call, and no access line or count."""
+    with grpc.insecure_channel(oip_server.grpc_url) as channel:
+        for method in ("ModelInfer", "ModelMetadata"):
+            call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")  # bytes in, bytes out
+            with pytest.raises(grpc.RpcError) as error:
+                call(b"\xff\xff\xff\xff not protobuf", timeout=10)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+            assert error.value.details() == f"the request's bytes do not read as a protobuf inference.{method}Request"
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ModelInfer(GOOD, timeout=30).outputs[0].name == "label"
+    log = oip_server.http.log()
+    assert "Traceback" not in log and "DecodeError" not in log
+    assert '"POST /inference.GRPCInferenceService/ModelInfer" 400' in log
+    with oip_server.http.client() as client:
+        metrics = client.get("/metrics").text
+    assert 'bertserve_requests_total{endpoint="grpc-infer",model="unknown",status="400"}' in metrics
 
 
 def test_keys_are_required_but_not_by_the_probes(strict_oip_server) -> None:

@@ -4,6 +4,7 @@ task, its answers the native API's, JSON and Triton's binary tensor data, and ba
 from __future__ import annotations
 
 import json
+import struct
 
 import httpx
 import numpy as np
@@ -170,6 +171,12 @@ BAD = [
         "input context is missing",
     ),
     ("bert-classification", {"inputs": []}, 400, "inputs"),
+    (  # the native routes refuse an empty list; in process mode this was a 500 (no rows make no engine frame)
+        "bert-classification",
+        {"inputs": [{"name": "text", "shape": [0], "datatype": "BYTES", "data": []}]},
+        422,
+        "input text: no texts (shape [0])",
+    ),
     ("broken", {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}, 503, "failed to load"),
 ]
 
@@ -187,3 +194,16 @@ def test_tritonclient_reports_the_error(oip_server) -> None:
     client = httpclient.InferenceServerClient(url=oip_server.http_url)
     with pytest.raises(InferenceServerException, match="not one this model takes"):
         client.infer("bert-ner", [texts("text", ["x"], binary=True)], parameters={"top_k": 1})
+
+
+def test_a_tensor_sent_both_as_data_and_as_binary_data_is_refused(oip_server) -> None:
+    """Two payloads for one tensor: the binary one was served and the JSON data dropped unread."""
+    tensor = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["from the JSON"]}
+    tensor["parameters"] = {"binary_data_size": 4 + len(b"from the bytes")}
+    head = json.dumps({"inputs": [tensor]}).encode()
+    body = head + struct.pack("<I", len(b"from the bytes")) + b"from the bytes"
+    headers = {"content-type": "application/octet-stream", "inference-header-content-length": str(len(head))}
+    with oip_server.http.client() as client:
+        response = client.post("/v2/models/bert-classification/infer", content=body, headers=headers)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "input text: both data and binary_data_size; send its texts one way"
