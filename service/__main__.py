@@ -18,7 +18,7 @@ from service.frontend.http.repository_api import admin_keys
 from service.frontend.http.server import serve
 from service.repository import discover
 from service.settings import settings_from_cli
-from service.supervisor.launcher import Launcher, port_problem, resolve_engine_mode
+from service.supervisor.launcher import Launcher, listen_problem, resolve_engine_mode
 from service.system.exit import exit_now
 
 log = logging.getLogger("service")
@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if resolve_engine_mode(settings) == "process":
         return Launcher(settings).run()
-    if settings.grpc_port and (problem := port_problem(settings.host, settings.grpc_port)):
-        print(f"error: {problem} (gRPC)", file=sys.stderr)
+    if problem := listen_problem(settings):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     app = create_app(settings)
     try:

@@ -142,6 +142,16 @@ def port_problem(host: str, port: int) -> str | None:
     return None
 
 
+def listen_problem(settings: Settings) -> str | None:
+    """Why the server cannot listen where it is told to (HTTP, gRPC and probe ports), or None: asked before
+    anything starts, so that a port in use or a host that is no address is one line and exit 2, in either layout,
+    rather than a traceback once the models have loaded."""
+    for port, what in ((settings.port, ""), (settings.grpc_port, " (gRPC)"), (settings.probe_port, " (probes)")):
+        if port and (problem := port_problem(settings.host, port)):
+            return f"{problem}{what}"
+    return None
+
+
 def restart_counter(metrics_dir: Path) -> Counter:
     """The launcher's one metric, written to the children's multiprocess directory (a file of this process's own,
     merged into every front-end's /metrics). prometheus_client picks multiprocess values from the environment at
@@ -237,11 +247,7 @@ class Launcher:
         self.stopping = True
 
     def _port_problem(self) -> str | None:
-        s = self.settings
-        for port, what in ((s.port, ""), (s.grpc_port, " (gRPC)")):
-            if port and (problem := port_problem(s.host, port)):
-                return f"{problem}{what}"
-        return None
+        return listen_problem(self.settings)
 
     def _start_engine(self) -> int | None:
         """Start every engine and wait for their sockets; an exit code where one cannot start (it said why)."""

@@ -54,7 +54,7 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
         log_config=None,  # uvicorn's lines go through the server's one handler (request ids, one format)
         access_log=False,  # the app writes its own (service.logs), with the request id
         timeout_keep_alive=settings.keepalive_timeout_s,  # type: ignore[arg-type]  # a float works
-        timeout_graceful_shutdown=int(settings.drain_timeout_s) or None,
+        timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]  # a float works; 0: no wait
         proxy_headers=False,
         server_header=False,
     )

@@ -1,0 +1,64 @@
+"""`python -m service` as an operator starts and stops it: where it cannot listen it says so in one line and exits 2
+before anything loads, in either layout; `--drain-timeout-s` bounds a stop whatever is in flight."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness.serving import free_port
+from tests.service.conftest import run_service
+
+MODEL = "bert-classification"
+
+
+@pytest.mark.parametrize(
+    ("layout", "port_flag"),
+    [("in-process", "--port"), ("in-process", "--probe-port"), ("process", "--probe-port")],
+)
+def test_a_port_in_use_is_one_line_and_exit_2_before_anything_starts(
+    tiny_repository: Path, layout: str, port_flag: str
+) -> None:
+    """In-process, a taken --port was found by uvicorn once every model had loaded (its error line, exit 3); a
+    taken --probe-port was a traceback there and, in process mode, front-ends restarted until the launcher gave up
+    (exit 1)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"--port": str(free_port()), port_flag: str(port)}
+        flags = [item for pair in ports.items() for item in pair]
+        done = run_service("--repository", str(tiny_repository), "--models", MODEL, "--engine-mode", layout, *flags)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}: "), done.stderr
+    assert lines[0].endswith(" (probes)") == (port_flag == "--probe-port")
+
+
+def test_a_host_that_is_no_address_is_one_line_and_exit_2(tiny_repository: Path) -> None:
+    done = run_service("--repository", str(tiny_repository), "--models", MODEL, "--host", "999.1.1.1")
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: cannot listen on 999.1.1.1:") and "Traceback" not in done.stderr
+
+
+def test_a_drain_timeout_under_a_second_bounds_the_stop(tiny_repository: Path, server_factory) -> None:
+    """`int(drain_timeout_s) or None` made 0 and 0.5 s no bound at all: an upload that stalls held the stop for the
+    body timeout (60 s)."""
+    flags = ("--models", MODEL, "--engine-mode", "in-process", "--drain-timeout-s", "0.5")
+    server = server_factory(tiny_repository, *flags)
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as stalled:
+        stalled.sendall(
+            f"POST /v1/models/{MODEL}/classify HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            'content-length: 1000\r\n\r\n{"inputs": '.encode()
+        )
+        time.sleep(0.5)  # the request is in the app, waiting for the rest of its body
+        signalled = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(timeout=30)
+    assert time.monotonic() - signalled < 5
+    assert code == 0
