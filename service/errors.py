@@ -4,6 +4,10 @@ here, for the front-end and the engine alike."""
 
 from __future__ import annotations
 
+# The status counted and logged for a request whose client left before its answer (nginx's 499): nothing failed at
+# the server, so not a 500, which an operator's 5xx alerts would take for one
+CLIENT_CLOSED = 499
+
 
 class StartupError(Exception):
     """The server must not start; the message says why."""

@@ -104,6 +104,13 @@ class QaInputError(TaskInputError):
         super().__init__(message, field)
 
 
+# Bounds of a request's parameters, whichever protocol carries them (`request_params`; the native schemas say the
+# same): a longest answer past a window's length finds nothing more, and 100 answers a question is a listing
+MAX_TOP_K = 100
+MAX_ANSWER_LEN = 512
+MIN_SEQ_LEN = 8  # room for the special tokens, a question token and a context token
+
+
 @dataclass(frozen=True)
 class QaParams:
     """Request parameters, with transformers 4.57's defaults. None for max_seq_len / doc_stride: derived."""
@@ -145,11 +152,24 @@ class QaParams:
         return self.top_k * 2 + 10 if self.align_to_words else self.top_k
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
+def request_params(options: dict[str, Any]) -> QaParams:
+    """A request's parameters, within what a request may ask: QaParams itself takes any size (the algorithms are
+    checked on answers of 1,000 tokens), a request no more than the native schema allows, on every protocol."""
+    params = QaParams(**options)
+    _check_int("top_k", params.top_k, minimum=1, maximum=MAX_TOP_K)
+    _check_int("max_answer_len", params.max_answer_len, minimum=1, maximum=MAX_ANSWER_LEN)
+    if params.max_seq_len is not None:
+        _check_int("max_seq_len", params.max_seq_len, minimum=MIN_SEQ_LEN)
+    return params
+
+
+def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise QaInputError(f"{name} must be an integer (got {shown(value)})", field=name)
     if value < minimum:
         raise QaInputError(f"{name} must be >= {minimum} (got {shown(value)})", field=name)
+    if maximum is not None and value > maximum:
+        raise QaInputError(f"{name} must be <= {maximum} (got {shown(value)})", field=name)
 
 
 def _check_stride(doc_stride: int, max_seq_len: int) -> None:

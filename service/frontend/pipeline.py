@@ -268,7 +268,7 @@ class RequestPipeline:
     ) -> tuple[list[list[dict]], Timings]:
         model = await self.model_for(name, "qa", ticket)
         try:
-            params = qa.QaParams(**options)
+            params = qa.request_params(options)
             params.window(model.max_length)
         except qa.QaInputError as exc:
             raise InvalidInput(str(exc), field=exc.field) from exc

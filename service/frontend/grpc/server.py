@@ -31,6 +31,7 @@ from opentelemetry.trace import SpanKind
 
 from service import tracing
 from service.errors import (
+    CLIENT_CLOSED,
     BadRequest,
     DeadlineExceeded,
     ModelNotFound,
@@ -53,7 +54,6 @@ log = logging.getLogger("service.frontend.grpc")
 SERVICE = "inference.GRPCInferenceService"
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # the probes: open as /livez and /readyz are
 INFER_ENDPOINT = "grpc-infer"  # the request metrics' endpoint label
-CLIENT_CLOSED = 499  # the metrics' status of a call its client cancelled
 # The longest error message sent: it travels in a trailer, and clients refuse trailers past 8-16 KB (tritonclient
 # then reports RESOURCE_EXHAUSTED instead of the error); the messages quote clients' values cut short already
 MAX_MESSAGE_CHARS = 2000

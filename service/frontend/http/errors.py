@@ -15,8 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from service.errors import ServiceError, unpaired_surrogate
+from service.errors import CLIENT_CLOSED, ServiceError, unpaired_surrogate
 from service.frontend.http import schemas
 from service.frontend.http.traces import SCOPE_ERROR_TYPE
 
@@ -24,6 +25,8 @@ log = logging.getLogger("service.http")
 INVALID_JSON = "the request body is not valid JSON (UTF-8)"
 EMPTY_BODY = "the request body is empty: a JSON object is required"
 Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
+MAX_OTHER_FIELDS = 5  # of a validation error's other failing fields, the most its message names
+MAX_KEY_CHARS = 100  # of a key that is not allowed, the most its field and message quote
 STARLETTE_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 
 
@@ -109,9 +112,10 @@ async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     if field and isinstance(text, str) and (surrogate := unpaired_surrogate(field, text)) is not None:
         return error_response(422, surrogate.error_type, surrogate.message, field)
     message = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request body"))
-    others = {_field(error) for error in errors if error is not first} - {field, None}
-    if others:
-        message += f" (also: {', '.join(sorted(str(o) for o in others))})"
+    others = sorted({str(_field(error)) for error in errors if error is not first} - {str(field), "None"})
+    if others:  # a few: the message is read by people, and a body of 10,000 bad inputs must not make it megabytes
+        more = f" and {len(others) - MAX_OTHER_FIELDS} more" if len(others) > MAX_OTHER_FIELDS else ""
+        message += f" (also: {', '.join(others[:MAX_OTHER_FIELDS])}{more})"
     return error_response(422, "validation", message, field)
 
 
@@ -122,7 +126,8 @@ def _field(error: dict[str, Any]) -> str | None:
     A single input (`"inputs": {...}` rather than a list) is input 0, as the server's own checks name it: pydantic's
     path for it is inputs, the alternative's tag (QaInput), then the field."""
     loc = list(error.get("loc", ()))
-    unknown = [str(loc.pop())] if error.get("type") == "extra_forbidden" and len(loc) > 1 else []
+    # a key that is not allowed, cut short: it is the client's, and may be a megabyte long
+    unknown = [str(loc.pop())[:MAX_KEY_CHARS]] if error.get("type") == "extra_forbidden" and len(loc) > 1 else []
     if "inputs" in loc:
         after = loc.index("inputs") + 1
         tags = after
@@ -161,6 +166,12 @@ async def http_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(status, error_type, message, headers=getattr(exc, "headers", None))
 
 
+async def client_gone(_: Request, exc: Exception) -> JSONResponse:
+    """A client that left before its body was in (Starlette's ClientDisconnect, on the slow lane): nobody reads the
+    answer; its status is what the access line and the metrics record."""
+    return error_response(CLIENT_CLOSED, "client_closed", "the client closed the connection before its body was in")
+
+
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal", "internal server error")
@@ -171,5 +182,6 @@ HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
     (ServiceError, service_error),
     (RequestValidationError, validation_error),
     (StarletteHTTPException, http_error),
+    (ClientDisconnect, client_gone),
     (Exception, unexpected_error),
 )

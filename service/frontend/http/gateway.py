@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service import tracing
-from service.errors import PayloadTooLarge, ServiceError, UnsupportedMediaType
+from service.errors import CLIENT_CLOSED, PayloadTooLarge, ServiceError, UnsupportedMediaType
 from service.frontend.admission import SCOPE_ADMISSION, Door
 from service.frontend.http import errors as http_errors
 from service.frontend.http import traces
@@ -299,10 +299,10 @@ class InferenceGateway:
         self, scope: Scope, receive: Callable, send: Callable, headers: list[tuple[bytes, bytes]]
     ) -> bytes | int:
         """The body; or, where there is none to serve, the status of what happened: 413 answered (over the limit),
-        500 where the client left before its body was in (nobody to answer)."""
+        499 where the client left before its body was in (nobody to answer, and nothing failed here)."""
         body = await self._read_body(receive)
         if body is None:
-            return 500
+            return CLIENT_CLOSED
         if len(body) > self.max_bytes:
             return await _send_error(scope, send, self._too_large(), headers)
         return body

@@ -176,11 +176,25 @@ class HttpProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_bytes = 0
         self._disarm()
+        if self.parser.should_upgrade() and self._declares_body():
+            # The parser ends the message at the headers of an Upgrade request (h2c, websocket) and reads no body:
+            # served, such a POST had an empty body. Upgrades are ignored here (a GET is answered as HTTP/1.1), but
+            # this body cannot be read: refused, saying why, rather than answered for a body it never saw.
+            self._refusal = BadRequest(
+                "a request that asks to Upgrade (h2c, websocket) cannot carry a body here: send it without Upgrade"
+            )
+            raise _Refused
         super().on_headers_complete()
         self.scope[SCOPE_ON_DISCONNECT] = []  # type: ignore[literal-required]
         queued = bool(self.pipeline)  # behind a request still being answered: its body is not read yet
         if not queued and any(name in (b"content-length", b"transfer-encoding") for name, _ in self.headers):
             self._arm(self.limits.body_timeout_s, self._body_timeout)
+
+    def _declares_body(self) -> bool:
+        for name, value in self.headers:
+            if name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"0", b"")):
+                return True
+        return False
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

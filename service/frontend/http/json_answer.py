@@ -40,10 +40,19 @@ def plain(value: Any) -> Any:
 
 def stdlib_json(content: Any, allow_nan: bool = False) -> bytes:
     """`content` as Starlette's JSONResponse writes it, numpy's values as lists and Python numbers; `allow_nan`
-    writes NaN and the infinities as `NaN` and `Infinity` where they are refused by default."""
-    return json.dumps(
-        content, ensure_ascii=False, allow_nan=allow_nan, indent=None, separators=(",", ":"), default=plain
-    ).encode("utf-8")
+    writes NaN and the infinities as `NaN` and `Infinity` where they are refused by default. A string that UTF-8
+    cannot carry (a lone surrogate, which JSON's escapes can: a client's echoed value) is written escaped, as the
+    client sent it."""
+
+    def dumps(ascii_only: bool) -> str:
+        return json.dumps(
+            content, ensure_ascii=ascii_only, allow_nan=allow_nan, indent=None, separators=(",", ":"), default=plain
+        )
+
+    try:
+        return dumps(ascii_only=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return dumps(ascii_only=True).encode("ascii")
 
 
 class JsonAnswer(JSONResponse):

@@ -125,13 +125,21 @@ class JsonOnlyMiddleware:
 
 
 def json_only_refusal(scope: Scope) -> str | None:
-    """Why an inference request's body is refused as not JSON (415), or None where it is JSON (or says nothing)."""
+    """Why an inference request's body is refused as not JSON (415), or None where it is JSON (or says nothing).
+    A body in a content coding (gzip, br...) is refused too, as RFC 9110 says of a coding the server does not
+    take: read as it came, a gzip body was "not valid JSON", and a plain body that said gzip was served."""
     declared = None
+    binary = False
     for name, value in scope.get("headers") or ():
         if name == b"content-type":
             declared = value
         elif name == b"inference-header-content-length":
-            return None  # Triton's binary tensor data: JSON, then bytes
+            binary = True
+        elif name == b"content-encoding" and value.strip().lower() not in (b"identity", b""):
+            shown = value.decode("latin-1")[:40]
+            return f"the body must not be compressed (Content-Encoding: {shown}): send it as it is"
+    if binary:
+        return None  # Triton's binary tensor data: JSON, then bytes
     media = declared.split(b";")[0].strip().lower() if declared is not None else b"application/json"
     if media == b"application/json" or media.endswith(b"+json"):
         return None

@@ -10,7 +10,6 @@ the server's one error body, whose `error` is the protocol's error response.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,7 +23,7 @@ from service.errors import BadRequest
 from service.frontend import open_inference as oip
 from service.frontend.http import schemas
 from service.frontend.http.json_answer import JsonAnswer, stdlib_json
-from service.frontend.http.routes import admitted, json_body, server_state, timing_headers
+from service.frontend.http.routes import admitted, json_body, server_state, strict_json, timing_headers
 from service.wire.ticket import Ticket
 
 INFER_PATH = "/v2/models/{name}/infer"
@@ -69,7 +68,7 @@ class InferRequestedOutput(BaseModel):
 class InferRequest(BaseModel):
     id: str | None = None
     parameters: Parameters | None = None
-    inputs: list[InferInputTensor] = Field(min_length=1)
+    inputs: list[InferInputTensor] = Field(min_length=1, max_length=16)  # a model takes two at most
     outputs: list[InferRequestedOutput] | None = None
 
 
@@ -204,11 +203,11 @@ async def _split_body(request: Request) -> tuple[Any, bytes | None]:
     if declared is None:
         return await json_body(request), None
     raw = await request.body()
-    if not declared.isdigit() or int(declared) > len(raw):
+    if not (declared.isascii() and declared.isdigit()) or int(declared) > len(raw):  # "²" is a digit to isdigit
         raise BadRequest(f"{HEADER_LENGTH} {declared[:20]!r} is not a length within the body ({len(raw)} bytes)")
     length = int(declared)
     try:
-        return json.loads(raw[:length]), raw[length:]
+        return strict_json(raw[:length]), raw[length:]
     except (ValueError, RecursionError):
         raise BadRequest(f"the first {length} bytes ({HEADER_LENGTH}) are not JSON (UTF-8)") from None
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import math
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -190,13 +191,37 @@ async def json_body(request: Request) -> Any:
     if not raw:
         raise InvalidInput(EMPTY_BODY, field="body")
     try:
-        return json.loads(raw)
+        return strict_json(raw)
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested past the parser's depth
         raise BadRequest(f"{INVALID_JSON}: {_why_not_json(exc)}") from None
 
 
+class NotAJsonNumber(ValueError):
+    pass
+
+
+def _refused_constant(name: str) -> Any:
+    raise NotAJsonNumber(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotAJsonNumber(f"the number {text[:20]} is past the largest a double holds")
+    return value
+
+
+def strict_json(raw: bytes | str) -> Any:
+    """JSON as RFC 8259 has it: Python's parser also takes NaN and Infinity, and reads 1e999 as infinity, none of
+    which an answer can carry back (a request that had its value echoed, a rerank document's or an OIP id, got a
+    500 as the answer was written)."""
+    return json.loads(raw, parse_constant=_refused_constant, parse_float=_finite)
+
+
 def _why_not_json(exc: Exception) -> str:
     """What the parser found wrong, and where, so that a client can find the fault in what it sent."""
+    if isinstance(exc, NotAJsonNumber):
+        return str(exc)
     if isinstance(exc, json.JSONDecodeError):
         return f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
     if isinstance(exc, UnicodeDecodeError):

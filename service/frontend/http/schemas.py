@@ -6,6 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from bertcore.tasks.qa import MAX_ANSWER_LEN, MAX_TOP_K, MIN_SEQ_LEN
+from service.settings import MAX_INPUTS_CEILING
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -20,7 +23,7 @@ ClassifyInput = Annotated[str | TextPair, Field(description="a text, or a text p
 
 
 class ClassifyRequest(Strict):
-    inputs: ClassifyInput | Annotated[list[ClassifyInput], Field(min_length=1)] = Field(
+    inputs: ClassifyInput | Annotated[list[ClassifyInput], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
         description="one input or a non-empty list of them", examples=["a gorgeous, witty, seductive movie."]
     )
     top_k: StrictInt | None = Field(1, ge=1, description="best labels to return per input; null: every label, sorted")
@@ -40,7 +43,7 @@ WordList = Annotated[list[str], Field(min_length=1)]
 
 
 class NerRequest(Strict):
-    inputs: str | Annotated[list[str | WordList], Field(min_length=1)] = Field(
+    inputs: str | Annotated[list[str | WordList], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
         description="one text or a non-empty list of texts; with is_split_into_words, one text's words or a "
         "non-empty list of such lists",
         examples=["EU rejects German call to boycott British lamb."],
@@ -79,9 +82,9 @@ class QaInput(Strict):
 
 
 class QaRequest(Strict):
-    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)]
-    top_k: StrictInt = Field(1, ge=1, le=100, description="answers per input")
-    max_answer_len: StrictInt = Field(15, ge=1, le=512, description="longest answer, in tokens")
+    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1, max_length=MAX_INPUTS_CEILING)]
+    top_k: StrictInt = Field(1, ge=1, le=MAX_TOP_K, description="answers per input")
+    max_answer_len: StrictInt = Field(15, ge=1, le=MAX_ANSWER_LEN, description="longest answer, in tokens")
     doc_stride: StrictInt | None = Field(
         None,
         ge=0,
@@ -90,7 +93,7 @@ class QaRequest(Strict):
     )
     max_seq_len: StrictInt | None = Field(
         None,
-        ge=8,
+        ge=MIN_SEQ_LEN,
         description="window length in tokens; null: 384; capped by the model's max_length. A request may need at "
         "most max_qa_windows windows (a server setting, 1536 by default), and one context at most what the longest "
         "context allowed needs at the default windows: 422 past either",
@@ -112,7 +115,7 @@ class QaResponse(BaseModel):
 
 
 class EmbedRequest(Strict):
-    inputs: str | Annotated[list[str], Field(min_length=1)] = Field(
+    inputs: str | Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
         description="one text or a non-empty list of texts", examples=["A man is playing a guitar."]
     )
     normalize: StrictBool = Field(
@@ -224,7 +227,7 @@ class HfClassificationParameters(Strict):
 
 
 class HfClassificationRequest(Strict):
-    inputs: ClassifyInput | Annotated[list[ClassifyInput], Field(min_length=1)] = Field(
+    inputs: ClassifyInput | Annotated[list[ClassifyInput], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
         description="a text, a {text, text_pair} or a non-empty list of them"
     )
     parameters: HfClassificationParameters | None = None
@@ -241,29 +244,35 @@ class HfTokenClassificationParameters(Strict):
 
 
 class HfTokenClassificationRequest(Strict):
-    inputs: str | Annotated[list[str], Field(min_length=1)] = Field(description="a text or a non-empty list of texts")
+    inputs: str | Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
+        description="a text or a non-empty list of texts"
+    )
     parameters: HfTokenClassificationParameters | None = None
 
 
 class HfQuestionAnsweringParameters(Strict):
-    top_k: StrictInt | None = Field(None, ge=1, le=100, description="answers per input; null: 1")
+    top_k: StrictInt | None = Field(None, ge=1, le=MAX_TOP_K, description="answers per input; null: 1")
     doc_stride: StrictInt | None = Field(None, ge=0, description="as QaRequest.doc_stride")
-    max_answer_len: StrictInt | None = Field(None, ge=1, le=512, description="longest answer in tokens; null: 15")
-    max_seq_len: StrictInt | None = Field(None, ge=8, description="as QaRequest.max_seq_len")
+    max_answer_len: StrictInt | None = Field(
+        None, ge=1, le=MAX_ANSWER_LEN, description="longest answer in tokens; null: 15"
+    )
+    max_seq_len: StrictInt | None = Field(None, ge=MIN_SEQ_LEN, description="as QaRequest.max_seq_len")
     max_question_len: StrictInt | None = Field(None, ge=1, description="accepted, as transformers' pipeline")
     handle_impossible_answer: StrictBool | None = Field(None, description="allow an empty answer; null: false")
     align_to_words: StrictBool | None = Field(None, description="answers on word boundaries; null: true")
 
 
 class HfQuestionAnsweringRequest(Strict):
-    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)]
+    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1, max_length=MAX_INPUTS_CEILING)]
     parameters: HfQuestionAnsweringParameters | None = None
 
 
 class HfFeatureExtractionRequest(Strict):
     """feature-extraction's payload: its parameters at the top level, beside `inputs` (Hugging Face's task spec)."""
 
-    inputs: str | Annotated[list[str], Field(min_length=1)] = Field(description="a text or a non-empty list of texts")
+    inputs: str | Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
+        description="a text or a non-empty list of texts"
+    )
     normalize: StrictBool | None = Field(None, description="scale each vector to unit length; null: true")
     prompt_name: str | None = Field(
         None, description="one of the model's prompts, put before each text; null: the model's default prompt"
@@ -282,7 +291,7 @@ class HfFeatureExtractionRequest(Strict):
 
 class HfSentenceSimilarityInput(Strict):
     source_sentence: str = Field(description="the text the others are compared to")
-    sentences: Annotated[list[str], Field(min_length=1)] = Field(
+    sentences: Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
         description="a non-empty list of texts, each compared to source_sentence"
     )
 
@@ -348,7 +357,7 @@ class RerankRequest(Strict):
         None, description="a rerank model's name; may be left out when the server serves exactly one"
     )
     query: str = Field(min_length=1)
-    documents: Annotated[list[str | RerankDocument], Field(min_length=1)] = Field(
+    documents: Annotated[list[str | RerankDocument], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
         description="texts, or objects whose text is ranked (returned as given)"
     )
     top_n: StrictInt | None = Field(None, ge=1, description="best documents to return; null: every document")
@@ -358,7 +367,7 @@ class RerankRequest(Strict):
 class RerankV2Request(Strict):
     model: str
     query: str = Field(min_length=1)
-    documents: Annotated[list[str], Field(min_length=1)]
+    documents: Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS_CEILING)]
     top_n: StrictInt | None = Field(None, ge=1, description="best documents to return; null: every document")
     max_tokens_per_doc: StrictInt | None = Field(
         None, ge=1, description="each document cut to its first N tokens; null: cut only to the model's window"
@@ -395,7 +404,7 @@ OpenAIText = Annotated[str, Field(min_length=1, description="a text (not empty)"
 
 
 class OpenAIEmbeddingRequest(Strict):
-    input: OpenAIText | Annotated[list[OpenAIText], Field(min_length=1)] = Field(
+    input: OpenAIText | Annotated[list[OpenAIText], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
         description="a text or a non-empty list of texts (token arrays are not taken: the model has its own tokenizer)",
         examples=["A man is playing a guitar."],
     )

@@ -368,3 +368,62 @@ def test_process_mode_front_ends_have_the_same_protocol_and_logs(tiny_repository
     assert_error(sent[1], 408, "request_timeout")
     response, _ = exchange(server, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     assert_error(response, 414, "uri_too_long")
+
+
+def _classify_count(server, status: int) -> float:
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        text = client.get("/metrics").text
+    series = f'bertserve_requests_total{{endpoint="classify",model="bert-classification",status="{status}"}} '
+    line = next((line for line in text.splitlines() if line.startswith(series)), None)
+    return float(line.split()[-1]) if line else 0.0
+
+
+def test_a_client_that_leaves_before_its_body_is_in_is_a_499_not_a_500(hardened) -> None:
+    """Nothing failed at the server and nobody was answered: counted (and logged) as a 500, each such client set
+    off an operator's 5xx alerts."""
+    before = _classify_count(hardened, 500), _classify_count(hardened, 499)
+    with socket.create_connection(address(hardened), timeout=10) as sock:
+        sock.sendall(
+            f"POST {CLASSIFY} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+            '{"inputs": '.encode()
+        )
+        time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while _classify_count(hardened, 499) == before[1] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (_classify_count(hardened, 500), _classify_count(hardened, 499)) == (before[0], before[1] + 1)
+    lines = [json.loads(line) for line in hardened.log().splitlines() if line.startswith("{")]
+    assert any(line.get("path") == CLASSIFY and line.get("status") == 499 for line in lines)
+
+
+def test_on_the_slow_lane_too_a_client_gone_mid_body_is_a_499_without_a_traceback(tiny_repository, server_factory):
+    """A request with an Origin, where CORS is on, goes down the full middleware stack; Starlette's ClientDisconnect
+    there was an "unexpected error", its traceback logged, and a 500."""
+    origin = "http://app.example"
+    server = server_factory(tiny_repository, "--models", "bert-classification", "--cors-allow-origins", origin)
+    with socket.create_connection(address(server), timeout=10) as sock:
+        sock.sendall(
+            f"POST {CLASSIFY} HTTP/1.1\r\nhost: x\r\norigin: {origin}\r\ncontent-type: application/json\r\n"
+            'content-length: 100\r\n\r\n{"inputs": '.encode()
+        )
+        time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while _classify_count(server, 499) == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (_classify_count(server, 500), _classify_count(server, 499)) == (0, 1)
+    assert f'"POST {CLASSIFY}" 499' in server.log() and "Traceback" not in server.log()
+
+
+def test_an_upgrade_request_with_a_body_is_refused_not_served_without_it(hardened) -> None:
+    """The parser ends an Upgrade request's message at its headers: its body was never read, and the request was
+    answered 422 "the request body is empty"."""
+    body = b'{"inputs": ["fine"]}'
+    request = (
+        f"POST {CLASSIFY} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        f"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    received, _ = exchange(hardened, request)
+    status, _, answer = parse(received)
+    assert status == 400, received
+    assert json.loads(answer)["error"].startswith("a request that asks to Upgrade (h2c, websocket) cannot carry a body")

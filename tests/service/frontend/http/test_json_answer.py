@@ -102,3 +102,10 @@ def test_the_answer_is_json_with_its_length() -> None:
     assert headers[b"content-type"] == b"application/json"
     assert headers[b"content-length"] == str(len(response.body)).encode()
     assert headers[b"x-rows"] == b"1"
+
+
+def test_a_lone_surrogate_a_client_sent_is_echoed_escaped_as_it_came() -> None:
+    """UTF-8 cannot carry it (the answer was a 500); JSON's escape can, and reads back to the same string."""
+    content = {"documents": [{"text": "x", "meta": "\ud800"}], "score": 0.5}
+    body = JsonAnswer(content).body
+    assert b"\\ud800" in body and json.loads(body) == content

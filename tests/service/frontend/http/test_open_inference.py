@@ -171,6 +171,25 @@ BAD = [
         "input context is missing",
     ),
     ("bert-classification", {"inputs": []}, 400, "inputs"),
+    *(  # the native schema's bounds: OIP's parameters took any size (top_k 2**62 was answered)
+        (
+            "bert-qa",
+            {
+                "inputs": [
+                    {"name": "question", "shape": [1], "datatype": "BYTES", "data": ["q"]},
+                    {"name": "context", "shape": [1], "datatype": "BYTES", "data": ["c"]},
+                ],
+                "parameters": {name: value},
+            },
+            422,
+            f"{name} must be {words}",
+        )
+        for name, value, words in (
+            ("top_k", 101, "<= 100"),
+            ("max_answer_len", 513, "<= 512"),
+            ("max_seq_len", 7, ">= 8"),
+        )
+    ),
     (  # the native routes refuse an empty list; in process mode this was a 500 (no rows make no engine frame)
         "bert-classification",
         {"inputs": [{"name": "text", "shape": [0], "datatype": "BYTES", "data": []}]},
@@ -207,3 +226,23 @@ def test_a_tensor_sent_both_as_data_and_as_binary_data_is_refused(oip_server) ->
         response = client.post("/v2/models/bert-classification/infer", content=body, headers=headers)
     assert response.status_code == 400, response.text
     assert response.json()["error"] == "input text: both data and binary_data_size; send its texts one way"
+
+
+def test_a_header_length_of_other_digits_than_ascii_is_a_400(oip_server) -> None:
+    """`"²".isdigit()` is true and `int("²")` raises: a 500 it was."""
+    body = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}).encode()
+    headers = {"content-type": "application/octet-stream", "inference-header-content-length": b"\xb2"}  # latin-1
+    with oip_server.http.client() as client:
+        response = client.post("/v2/models/bert-classification/infer", content=body, headers=headers)
+    assert response.status_code == 400, response.text
+    assert "is not a length within the body" in response.json()["error"]
+
+
+def test_an_id_of_a_lone_surrogate_comes_back_as_it_was_sent(oip_server) -> None:
+    body = b'{"id": "\\ud800", "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}'
+    with oip_server.http.client() as client:
+        response = client.post(
+            "/v2/models/bert-classification/infer", content=body, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 200, response.text
+    assert response.json()["id"] == "\ud800"

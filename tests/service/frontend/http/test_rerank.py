@@ -164,3 +164,23 @@ def test_the_clients_send_the_servers_api_key(keyed_server: Server) -> None:
         for token in (KEY, None)
     ]
     assert [entry["label"] for entry in with_key["result"]] and without["status"] == 401
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"-Infinity", b"1e999"])
+def test_numbers_json_has_not_are_a_400_not_an_echo_that_fails(tiny_server: Server, value: bytes) -> None:
+    """Python's parser takes NaN and Infinity and reads 1e999 as infinity; a document's own fields are echoed with
+    return_documents, and writing the answer failed (500)."""
+    body = b'{"query": "q", "return_documents": true, "documents": [{"text": "x", "meta": ' + value + b"}]}"
+    with tiny_server.client() as client:
+        response = client.post("/v1/rerank", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith("the request body is not valid JSON (UTF-8): ")
+    assert value.decode().lstrip("-") in response.json()["error"]
+
+
+def test_a_documents_lone_surrogate_comes_back_as_it_was_sent(tiny_server: Server) -> None:
+    body = b'{"query": "q", "return_documents": true, "documents": [{"text": "x", "meta": "\\ud800"}]}'
+    with tiny_server.client() as client:
+        response = client.post("/v1/rerank", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    assert response.json()["results"][0]["document"] == {"text": "x", "meta": "\ud800"}
