@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,9 +44,11 @@ PLATFORM = "bertserve"  # the tensors are text and answers, not the ONNX graph's
 # Triton's extension (tritonclient's default over HTTP): tensor data as raw bytes after the JSON.
 BINARY_EXTENSION = "binary_tensor_data"
 EXTENSIONS = (BINARY_EXTENSION,)
-# Request parameters a client may send that ask for nothing of this server: tritonclient's HTTP client sends
-# binary_data_output where the request names no outputs (binary outputs are sent where it is true).
-TRANSPORT_PARAMETERS = frozenset({"binary_data_output"})
+# Request parameters any model takes, beside its task's: tritonclient's HTTP client sends binary_data_output where the
+# request names no outputs (binary outputs are sent where it is true); its `priority` and `timeout` arguments
+# become Triton's parameters of those names: a priority is taken and has no effect (one queue serves every request
+# alike, oldest first), a timeout (microseconds, 0: none) shortens the request's deadline.
+TRANSPORT_PARAMETERS = frozenset({"binary_data_output", "priority", "timeout"})
 FLOAT32_LE = np.dtype("<f4")
 LENGTH = struct.Struct("<I")  # a BYTES element's length, in the raw (binary) form
 
@@ -242,6 +245,7 @@ async def infer(
     `requested` is None) out."""
     task = task_of(model)
     options = check_parameters(task, parameters)
+    _shorten_deadline(ticket, parameters.get("timeout"))
     names = {spec.name for spec in task.outputs}
     for name in requested or ():
         if name not in names:
@@ -263,6 +267,19 @@ async def infer(
     else:
         outputs, timings = await _answer(pipeline, model.name, texts, options, ticket)
     return InferResult([out for out in outputs if requested is None or out.name in requested], timings)
+
+
+def _shorten_deadline(ticket: Ticket, timeout_us: Any) -> None:
+    """Triton's `timeout` parameter: the request's deadline, in microseconds from now, where it is sooner than the
+    server's own (0 and none: the server's)."""
+    if timeout_us is None:
+        return
+    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us < 0:
+        raise InvalidInput(
+            f"parameter timeout must be a whole number of microseconds, not {shown(timeout_us)}", field="timeout"
+        )
+    if timeout_us:
+        ticket.deadline = min(ticket.deadline, time.monotonic() + timeout_us / 1e6)
 
 
 def _inputs(task: TaskTensors, inputs: list[InputTensor], pipeline: RequestPipeline) -> dict[str, list[str]]:

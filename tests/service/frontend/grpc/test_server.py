@@ -328,3 +328,16 @@ def test_a_grpc_port_in_use_is_refused_at_start_with_the_reason(oip_repository) 
         done = run_service("--repository", str(oip_repository), "--port", str(free_port()), "--grpc-port", str(port))
     assert done.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "(gRPC)" in done.stderr
+
+
+def test_tritonclients_priority_is_taken_and_its_timeout_bounds_the_request(oip_server) -> None:
+    """tritonclient's `priority` and `timeout` arguments are Triton's request parameters; both were refused as
+    parameters 'this model takes' not. A timeout (microseconds) shortens the deadline; 0 is none."""
+    client = grpcclient.InferenceServerClient(url=oip_server.grpc_url)
+    answered = client.infer("bert-classification", [texts("text", TEXTS)], priority=2, timeout=30_000_000)
+    assert answered.as_numpy("label").shape == (2, 1)
+    assert client.infer("bert-classification", [texts("text", TEXTS)], timeout=0).as_numpy("label").shape == (2, 1)
+    long = [texts("question", ["Where is it?"] * 16), texts("context", ["word " * 400] * 16)]
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("bert-qa", long, timeout=1)
+    assert error.value.status() == "StatusCode.DEADLINE_EXCEEDED", error.value

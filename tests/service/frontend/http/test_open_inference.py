@@ -246,3 +246,15 @@ def test_an_id_of_a_lone_surrogate_comes_back_as_it_was_sent(oip_server) -> None
         )
     assert response.status_code == 200, response.text
     assert response.json()["id"] == "\ud800"
+
+
+def test_tritonclients_priority_and_timeout_are_taken(oip_server) -> None:
+    client = httpclient.InferenceServerClient(url=oip_server.http_url)
+    result = client.infer("bert-classification", [texts("text", TEXTS, binary=True)], priority=2, timeout=30_000_000)
+    assert result.as_numpy("label").shape == (2, 1)
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}], "parameters": {}}
+    body["parameters"]["timeout"] = "soon"  # tritonclient checks its own; another client may send anything
+    with oip_server.http.client() as raw:
+        response = raw.post("/v2/models/bert-classification/infer", json=body)
+    assert response.status_code == 422
+    assert response.json()["error"] == "parameter timeout must be a whole number of microseconds, not 'soon'"
