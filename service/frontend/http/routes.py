@@ -211,11 +211,14 @@ def _finite(text: str) -> float:
     return value
 
 
-def strict_json(raw: bytes | str) -> Any:
+_STRICT = json.JSONDecoder(parse_constant=_refused_constant, parse_float=_finite)  # made once: loads() makes one a call
+
+
+def strict_json(raw: bytes) -> Any:
     """JSON as RFC 8259 has it: Python's parser also takes NaN and Infinity, and reads 1e999 as infinity, none of
     which an answer can carry back (a request that had its value echoed, a rerank document's or an OIP id, got a
-    500 as the answer was written)."""
-    return json.loads(raw, parse_constant=_refused_constant, parse_float=_finite)
+    500 as the answer was written). Bytes are read as `json.loads` reads them (UTF-8, -16 or -32 by their start)."""
+    return _STRICT.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
 
 
 def _why_not_json(exc: Exception) -> str:
