@@ -378,19 +378,25 @@ def _classify_count(server, status: int) -> float:
     return float(line.split()[-1]) if line else 0.0
 
 
-def test_a_client_that_leaves_before_its_body_is_in_is_a_499_not_a_500(hardened) -> None:
-    """Nothing failed at the server and nobody was answered: counted (and logged) as a 500, each such client set
-    off an operator's 5xx alerts."""
-    before = _classify_count(hardened, 500), _classify_count(hardened, 499)
-    with socket.create_connection(address(hardened), timeout=10) as sock:
+def leave_mid_body(server, extra_header: str = "") -> tuple[float, float]:
+    """A classify request that sends part of its body and leaves; (500s, 499s) counted before, once it is counted."""
+    before = _classify_count(server, 500), _classify_count(server, 499)
+    with socket.create_connection(address(server), timeout=10) as sock:
         sock.sendall(
-            f"POST {CLASSIFY} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
-            '{"inputs": '.encode()
+            f"POST {CLASSIFY} HTTP/1.1\r\nhost: x\r\n{extra_header}content-type: application/json\r\n"
+            'content-length: 100\r\n\r\n{"inputs": '.encode()
         )
         time.sleep(0.3)
     deadline = time.monotonic() + 10
-    while _classify_count(hardened, 499) == before[1] and time.monotonic() < deadline:
+    while _classify_count(server, 499) == before[1] and time.monotonic() < deadline:
         time.sleep(0.1)
+    return before
+
+
+def test_a_client_that_leaves_before_its_body_is_in_is_a_499_not_a_500(hardened) -> None:
+    """Nothing failed at the server and nobody was answered: counted (and logged) as a 500, each such client set
+    off an operator's 5xx alerts."""
+    before = leave_mid_body(hardened)
     assert (_classify_count(hardened, 500), _classify_count(hardened, 499)) == (before[0], before[1] + 1)
     lines = [json.loads(line) for line in hardened.log().splitlines() if line.startswith("{")]
     assert any(line.get("path") == CLASSIFY and line.get("status") == 499 for line in lines)
@@ -401,15 +407,7 @@ def test_on_the_slow_lane_too_a_client_gone_mid_body_is_a_499_without_a_tracebac
     there was an "unexpected error", its traceback logged, and a 500."""
     origin = "http://app.example"
     server = server_factory(tiny_repository, "--models", "bert-classification", "--cors-allow-origins", origin)
-    with socket.create_connection(address(server), timeout=10) as sock:
-        sock.sendall(
-            f"POST {CLASSIFY} HTTP/1.1\r\nhost: x\r\norigin: {origin}\r\ncontent-type: application/json\r\n"
-            'content-length: 100\r\n\r\n{"inputs": '.encode()
-        )
-        time.sleep(0.3)
-    deadline = time.monotonic() + 10
-    while _classify_count(server, 499) == 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    assert leave_mid_body(server, f"origin: {origin}\r\n") == (0, 0)
     assert (_classify_count(server, 500), _classify_count(server, 499)) == (0, 1)
     assert f'"POST {CLASSIFY}" 499' in server.log() and "Traceback" not in server.log()
 
