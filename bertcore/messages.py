@@ -12,9 +12,13 @@ def one_line(exc: BaseException, limit: int = 300, hide: str | Path | None = Non
     line = lines[0] if lines else ""
     if hide is not None:
         line = line.replace(str(hide), "")
-    if len(line) > limit:
-        line = line[: limit - 3] + "..."
+    line = cut(line, limit)
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def cut(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters ending in "..." where it is longer."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def shown(value: object, limit: int = 60) -> str:
@@ -22,5 +26,4 @@ def shown(value: object, limit: int = 60) -> str:
     sent, and it must stay short whatever that was: gRPC carries it in a trailer that clients refuse past 8-16 KB
     (tritonclient then reports RESOURCE_EXHAUSTED, not the error), and a log line or an HTTP body has no use for
     20,000 characters of it either."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return cut(repr(value), limit)

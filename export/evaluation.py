@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bertcore.messages import one_line
+from bertcore.messages import cut, one_line
 from bertcore.tasks import ner, qa
 from bertcore.tokenization import TextTokenizer
 from export import retrieval
@@ -187,7 +187,7 @@ def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:
             try:
                 features = qa.prepare(served, question, context, QA_PARAMS, checkpoint.max_length)
             except qa.QaInputError as exc:  # what the server would refuse (422) at its defaults
-                shown = question if len(question) <= 60 else question[:57] + "..."
+                shown = cut(question, 60)
                 raise ExportError(f"--eval {path}: the question {shown!r} cannot be asked: {exc}") from exc
             windows = [{"input_ids": row.input_ids, "token_type_ids": row.token_type_ids} for row in features.rows]
             golds.append(answers)

@@ -217,7 +217,7 @@ class Launcher:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         try:
-            problem = self._port_problem()
+            problem = listen_problem(self.settings)
             if problem:
                 print(f"error: {problem}", file=sys.stderr)
                 return 2
@@ -245,9 +245,6 @@ class Launcher:
 
     def _stop(self, sig: int, frame: object) -> None:
         self.stopping = True
-
-    def _port_problem(self) -> str | None:
-        return listen_problem(self.settings)
 
     def _start_engine(self) -> int | None:
         """Start every engine and wait for their sockets; an exit code where one cannot start (it said why)."""

@@ -29,6 +29,7 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 from opentelemetry.trace import SpanKind
 
+from bertcore.messages import cut
 from service import tracing
 from service.errors import (
     CLIENT_CLOSED,
@@ -206,10 +207,7 @@ class Call:
         except ServiceError as exc:
             status, error_type = exc.status_code, type(exc).__name__
             trailing = tuple((name.lower(), value) for name, value in exc.headers.items() if name == "Retry-After")
-            text = exc.message
-            if len(text) > MAX_MESSAGE_CHARS:
-                text = text[: MAX_MESSAGE_CHARS - 3] + "..."
-            await context.abort(code_of(exc), text, trailing_metadata=trailing)
+            await context.abort(code_of(exc), cut(exc.message, MAX_MESSAGE_CHARS), trailing_metadata=trailing)
         except asyncio.CancelledError:
             status = 504 if (context.time_remaining() or 1.0) <= 0 else CLIENT_CLOSED
             error_type = "DeadlineExceeded" if status == 504 else "Cancelled"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from service.errors import ServiceError
+from service.errors import CLIENT_CLOSED, ServiceError
 
 CODE_OF_STATUS = {
     200: grpc.StatusCode.OK,
@@ -20,7 +20,7 @@ CODE_OF_STATUS = {
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    499: grpc.StatusCode.CANCELLED,  # the client cancelled
+    CLIENT_CLOSED: grpc.StatusCode.CANCELLED,  # the client cancelled
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
