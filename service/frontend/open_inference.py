@@ -274,7 +274,7 @@ def _shorten_deadline(ticket: Ticket, timeout_us: Any) -> None:
     server's own (0 and none: the server's)."""
     if timeout_us is None:
         return
-    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us < 0:
+    if not _whole(timeout_us) or timeout_us < 0:
         raise InvalidInput(
             f"parameter timeout must be a whole number of microseconds, not {shown(timeout_us)}", field="timeout"
         )
@@ -301,7 +301,7 @@ async def _classify(
     pipeline: RequestPipeline, name: str, texts: dict[str, list[str]], options: dict[str, Any], ticket: Ticket
 ) -> tuple[list[OutputTensor], Timings]:
     top_k = options.get("top_k", 1)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+    if not _whole(top_k) or top_k < 1:
         raise InvalidInput(f"parameter top_k must be a whole number of at least 1, not {shown(top_k)}", field="top_k")
     pairs = texts.get("text_pair")
     inputs: list[Any] = list(texts["text"]) if pairs is None else list(zip(texts["text"], pairs, strict=True))
@@ -346,12 +346,17 @@ async def _embed(
     normalize, dimensions = options.get("normalize", True), options.get("dimensions")
     if not isinstance(normalize, bool):
         raise InvalidInput(f"parameter normalize must be true or false, not {shown(normalize)}", field="normalize")
-    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)):
+    if dimensions is not None and not _whole(dimensions):
         raise InvalidInput(f"parameter dimensions must be a whole number, not {shown(dimensions)}", field="dimensions")
     vectors, timings = await pipeline.embed(name, texts, ticket, normalize, dimensions, field="text")
     size = len(vectors[0]) if vectors else 0
     data = np.concatenate(vectors) if vectors else np.zeros(0, dtype=np.float32)
     return [OutputTensor("embedding", "FP32", [len(vectors), size], data)], timings
+
+
+def _whole(value: Any) -> bool:
+    """An integer parameter's value (JSON's true and false are Python's bools, which are ints)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _json(value: Any) -> str:

@@ -9,6 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from bertcore.tasks.qa import MAX_ANSWER_LEN, MAX_TOP_K, MIN_SEQ_LEN
 from service.settings import MAX_INPUTS_CEILING
 
+# A request's list of inputs (or documents, or sentences): one at least, and no more than the inputs setting may
+# allow, checked before the items are
+INPUTS = Field(min_length=1, max_length=MAX_INPUTS_CEILING)
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -23,7 +27,7 @@ ClassifyInput = Annotated[str | TextPair, Field(description="a text, or a text p
 
 
 class ClassifyRequest(Strict):
-    inputs: ClassifyInput | Annotated[list[ClassifyInput], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
+    inputs: ClassifyInput | Annotated[list[ClassifyInput], INPUTS] = Field(
         description="one input or a non-empty list of them", examples=["a gorgeous, witty, seductive movie."]
     )
     top_k: StrictInt | None = Field(1, ge=1, description="best labels to return per input; null: every label, sorted")
@@ -43,7 +47,7 @@ WordList = Annotated[list[str], Field(min_length=1)]
 
 
 class NerRequest(Strict):
-    inputs: str | Annotated[list[str | WordList], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
+    inputs: str | Annotated[list[str | WordList], INPUTS] = Field(
         description="one text or a non-empty list of texts; with is_split_into_words, one text's words or a "
         "non-empty list of such lists",
         examples=["EU rejects German call to boycott British lamb."],
@@ -82,7 +86,7 @@ class QaInput(Strict):
 
 
 class QaRequest(Strict):
-    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1, max_length=MAX_INPUTS_CEILING)]
+    inputs: QaInput | Annotated[list[QaInput], INPUTS]
     top_k: StrictInt = Field(1, ge=1, le=MAX_TOP_K, description="answers per input")
     max_answer_len: StrictInt = Field(15, ge=1, le=MAX_ANSWER_LEN, description="longest answer, in tokens")
     doc_stride: StrictInt | None = Field(
@@ -115,7 +119,7 @@ class QaResponse(BaseModel):
 
 
 class EmbedRequest(Strict):
-    inputs: str | Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
+    inputs: str | Annotated[list[str], INPUTS] = Field(
         description="one text or a non-empty list of texts", examples=["A man is playing a guitar."]
     )
     normalize: StrictBool = Field(
@@ -227,7 +231,7 @@ class HfClassificationParameters(Strict):
 
 
 class HfClassificationRequest(Strict):
-    inputs: ClassifyInput | Annotated[list[ClassifyInput], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
+    inputs: ClassifyInput | Annotated[list[ClassifyInput], INPUTS] = Field(
         description="a text, a {text, text_pair} or a non-empty list of them"
     )
     parameters: HfClassificationParameters | None = None
@@ -244,9 +248,7 @@ class HfTokenClassificationParameters(Strict):
 
 
 class HfTokenClassificationRequest(Strict):
-    inputs: str | Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
-        description="a text or a non-empty list of texts"
-    )
+    inputs: str | Annotated[list[str], INPUTS] = Field(description="a text or a non-empty list of texts")
     parameters: HfTokenClassificationParameters | None = None
 
 
@@ -263,16 +265,14 @@ class HfQuestionAnsweringParameters(Strict):
 
 
 class HfQuestionAnsweringRequest(Strict):
-    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1, max_length=MAX_INPUTS_CEILING)]
+    inputs: QaInput | Annotated[list[QaInput], INPUTS]
     parameters: HfQuestionAnsweringParameters | None = None
 
 
 class HfFeatureExtractionRequest(Strict):
     """feature-extraction's payload: its parameters at the top level, beside `inputs` (Hugging Face's task spec)."""
 
-    inputs: str | Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
-        description="a text or a non-empty list of texts"
-    )
+    inputs: str | Annotated[list[str], INPUTS] = Field(description="a text or a non-empty list of texts")
     normalize: StrictBool | None = Field(None, description="scale each vector to unit length; null: true")
     prompt_name: str | None = Field(
         None, description="one of the model's prompts, put before each text; null: the model's default prompt"
@@ -291,7 +291,7 @@ class HfFeatureExtractionRequest(Strict):
 
 class HfSentenceSimilarityInput(Strict):
     source_sentence: str = Field(description="the text the others are compared to")
-    sentences: Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
+    sentences: Annotated[list[str], INPUTS] = Field(
         description="a non-empty list of texts, each compared to source_sentence"
     )
 
@@ -357,7 +357,7 @@ class RerankRequest(Strict):
         None, description="a rerank model's name; may be left out when the server serves exactly one"
     )
     query: str = Field(min_length=1)
-    documents: Annotated[list[str | RerankDocument], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
+    documents: Annotated[list[str | RerankDocument], INPUTS] = Field(
         description="texts, or objects whose text is ranked (returned as given)"
     )
     top_n: StrictInt | None = Field(None, ge=1, description="best documents to return; null: every document")
@@ -367,7 +367,7 @@ class RerankRequest(Strict):
 class RerankV2Request(Strict):
     model: str
     query: str = Field(min_length=1)
-    documents: Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS_CEILING)]
+    documents: Annotated[list[str], INPUTS]
     top_n: StrictInt | None = Field(None, ge=1, description="best documents to return; null: every document")
     max_tokens_per_doc: StrictInt | None = Field(
         None, ge=1, description="each document cut to its first N tokens; null: cut only to the model's window"
@@ -404,7 +404,7 @@ OpenAIText = Annotated[str, Field(min_length=1, description="a text (not empty)"
 
 
 class OpenAIEmbeddingRequest(Strict):
-    input: OpenAIText | Annotated[list[OpenAIText], Field(min_length=1, max_length=MAX_INPUTS_CEILING)] = Field(
+    input: OpenAIText | Annotated[list[OpenAIText], INPUTS] = Field(
         description="a text or a non-empty list of texts (token arrays are not taken: the model has its own tokenizer)",
         examples=["A man is playing a guitar."],
     )
