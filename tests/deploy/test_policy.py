@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks.autoscale_simulation import CANDIDATES, HpaSpec
 from benchmarks.scrape import scrape
+from service.frontend.grpc.health import LIVENESS
 from service.settings import Settings
 from tests.deploy.manifests import (
     KUBERNETES,
@@ -99,17 +100,19 @@ def test_probes_use_paths_the_server_answers_on_its_own_port(
         ports = {p["containerPort"]: p.get("name") for p in server["ports"]}
         if grpc_port := int(env.get("BERTSERVE_GRPC_PORT", "0")):
             # KServe's v2 variant: Knative routes one port, gRPC's (h2c), and readiness is asked there by the
-            # kubelet's native gRPC probe (grpc.health.v1, the whole server); liveness asks HTTP's inside the pod
+            # kubelet's native gRPC probe (grpc.health.v1, the whole server); liveness too, for its own service
+            # name (Knative sends every probe of the serving container to its one port: HTTP's would fail there)
             assert ports == {grpc_port: "h2c"}, (name, owner)
             assert server["readinessProbe"]["grpc"] == {"port": grpc_port}, (name, owner)
+            assert server["livenessProbe"]["grpc"] == {"port": grpc_port, "service": LIVENESS}, (name, owner)
             ports = {port: None}
         else:
             assert server["readinessProbe"]["httpGet"]["path"] == "/readyz", (name, owner)
+            # Liveness must not follow readiness: a draining or loading pod is alive.
+            assert server["livenessProbe"]["httpGet"]["path"] == "/livez", (name, owner)
         assert list(ports) == [port, *([probe_port] if probe_port else [])], (name, owner)
         # the kubelet asks the probe port where there is one (a thread answers it, fast under any load)
         probed = probe_port or port
-        # Liveness must not follow readiness: a draining or loading pod is alive.
-        assert server["livenessProbe"]["httpGet"]["path"] == "/livez", (name, owner)
         if "startupProbe" in server:
             assert server["startupProbe"]["httpGet"]["path"] == "/readyz", (name, owner)
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):

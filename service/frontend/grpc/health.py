@@ -3,6 +3,9 @@ probes (`grpc: {port: ...}`), grpc_health_probe and KServe's gRPC checks call.
 
 - "" (the whole server) and "inference.GRPCInferenceService": SERVING while /readyz would say 200
   (`ServerState.readiness`), NOT_SERVING otherwise: loading, no model that can answer, the engine away, draining;
+- "bertserve.Liveness": SERVING while /livez would say 200 (`ServerState.liveness`: a draining or loading server is
+  alive), so a pod whose one routed port is gRPC's (KServe's v2 variant: Knative points every probe of the serving
+  container at that port) has a liveness probe apart from readiness; no model is so named (models are lowercase);
 - a model's name: SERVING while that model answers (`ServerState.model_ready`: ready and not draining), else
   NOT_SERVING (loading, checking, failed, unloaded);
 - any other name: NOT_FOUND from Check, SERVICE_UNKNOWN from Watch, as the protocol says.
@@ -36,6 +39,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 WHOLE_SERVER = frozenset({"", INFERENCE_SERVICE})  # the names whose status is the server's readiness
+LIVENESS = "bertserve.Liveness"  # the name whose status is the server's liveness
 
 
 class HealthService(health_pb2_grpc.HealthServicer):
@@ -52,6 +56,8 @@ class HealthService(health_pb2_grpc.HealthServicer):
         if service in WHOLE_SERVER:
             ready = self.state.readiness()[0] == 200 and not self._closed
             return SERVING if ready else NOT_SERVING
+        if service == LIVENESS:
+            return SERVING if self.state.liveness()[0] == 200 else NOT_SERVING
         model = self.state.registry.models.get(service)
         if model is None:
             return None
@@ -89,7 +95,8 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
 
 def _unknown(service: str) -> str:
-    return f"unknown service {service[:100]!r}: this server knows '' (itself), {INFERENCE_SERVICE} and its models"
+    known = f"'' (itself), {INFERENCE_SERVICE}, {LIVENESS} and its models"
+    return f"unknown service {service[:100]!r}: this server knows {known}"
 
 
 def add_to(server: grpc.aio.Server, state: ServerState) -> HealthService:

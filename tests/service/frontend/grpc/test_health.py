@@ -23,6 +23,7 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
+LIVENESS = "bertserve.Liveness"  # what KServe's v2 variant's liveness probe asks (deploy/kubernetes/kserve-v2)
 
 
 def check(channel: grpc.Channel, service: str) -> int:
@@ -32,7 +33,7 @@ def check(channel: grpc.Channel, service: str) -> int:
 
 def test_the_server_and_each_ready_model_are_serving_a_failed_one_is_not(oip_server) -> None:
     with grpc.insecure_channel(oip_server.grpc_url) as channel:
-        for service in ("", INFERENCE_SERVICE, "bert-classification", "bert-ner", "bert-qa"):
+        for service in ("", INFERENCE_SERVICE, LIVENESS, "bert-classification", "bert-ner", "bert-qa"):
             assert check(channel, service) == SERVING, service
         assert check(channel, "broken") == NOT_SERVING  # its ONNX file is corrupt: it failed to load
         with pytest.raises(grpc.RpcError) as error:
@@ -83,9 +84,9 @@ def request_in_flight(server: ServiceProcess) -> Iterator[socket.socket]:
 
 def test_a_drain_is_not_serving_at_once_and_a_watch_stream_does_not_hold_it(oip_repository, server_factory) -> None:
     """SIGTERM with a request in flight: until it is over, the gRPC port still answers, and everything it serves is
-    NOT_SERVING (a watcher hears it at once); once it is over, the server stops within seconds though a Watch stream
-    is open and --drain-timeout-s is a minute (grpc's stop waits for the calls in flight: a stream that never ends
-    would hold it that long)."""
+    NOT_SERVING but liveness (a watcher hears it at once); once it is over, the server stops within seconds though a
+    Watch stream is open and --drain-timeout-s is a minute (grpc's stop waits for the calls in flight: a stream that
+    never ends would hold it that long)."""
     port = free_port()
     flags = ("--grpc-port", str(port), "--models", "bert-classification", "--drain-timeout-s", "60")
     server = server_factory(oip_repository, *flags)
@@ -98,6 +99,7 @@ def test_a_drain_is_not_serving_at_once_and_a_watch_stream_does_not_hold_it(oip_
             assert next(stream).status == NOT_SERVING  # bounded by the call's timeout
             for service in ("", INFERENCE_SERVICE, "bert-classification"):
                 assert check(channel, service) == NOT_SERVING, service
+            assert check(channel, LIVENESS) == SERVING  # a draining server is alive: no restart mid-drain
         ended = time.monotonic()
         assert list(stream) == []  # the stream ends (OK) when the server stops: NOT_SERVING was its last word
         assert server.process.wait(30) in (0, -signal.SIGTERM), server.log()
