@@ -7,6 +7,7 @@ used) hands over to the launcher: one engine process and `--frontends` front-end
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from pydantic import ValidationError
@@ -17,7 +18,7 @@ from service.frontend.http.auth import ApiKeys, open_paths
 from service.frontend.http.repository_api import admin_keys
 from service.frontend.http.server import serve
 from service.repository import discover
-from service.settings import settings_from_cli
+from service.settings import settings_from_cli, unknown_variables
 from service.supervisor.launcher import Launcher, listen_problem, resolve_engine_mode
 from service.system.exit import exit_now
 
@@ -25,6 +26,10 @@ log = logging.getLogger("service")
 
 
 def main(argv: list[str] | None = None) -> int:
+    refusal, warnings = unknown_variables(os.environ)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     try:
         settings = settings_from_cli(sys.argv[1:] if argv is None else argv)
         discover(settings)  # refuse at once, with the reason, what cannot be served
@@ -40,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     settings.configure_logging()
+    for warning in warnings:
+        log.warning(warning)
     if keys.enabled:
         log.info(
             "API keys: %d in force; open without a key: %s", keys.count, ", ".join(sorted(open_paths(settings)[0]))

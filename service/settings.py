@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,7 +33,9 @@ class Settings(BaseSettings):
     )
 
     repository: Path = Field(Path("models"), description="model repository: one folder per model")
-    models: list[str] | None = Field(None, description="serve only these entries (comma-separated); default all")
+    models: Annotated[list[str] | None, NoDecode] = Field(
+        None, description="serve only these entries (comma-separated); default all"
+    )
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in a container)")
     port: int = Field(8000, ge=1, le=65535, description="port to listen on")
     probe_port: int = Field(
@@ -225,7 +229,7 @@ class Settings(BaseSettings):
         le=3600,
         description="poll: seconds between scans of the repository for new, changed and gone entries",
     )
-    model: list[str] | None = Field(
+    model: Annotated[list[str] | None, NoDecode] = Field(
         None,
         description="explicit: a model to load at start (repeatable, or comma-separated); the other entries stay "
         "unloaded until a load call",
@@ -321,7 +325,7 @@ class Settings(BaseSettings):
         "(bertserve_trace_spans_dropped_total)",
     )
 
-    @field_validator("api_keys", "cors_allow_origins", "devices", "model", mode="before")
+    @field_validator("api_keys", "cors_allow_origins", "devices", "models", "model", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         """KEY1,KEY2 from the environment or the command line; a JSON list as the launcher hands settings on."""
@@ -533,3 +537,44 @@ def api_key_problem(key: str) -> str | None:
 def settings_from_cli(argv: list[str]) -> Settings:
     """Defaults < environment < command line."""
     return Settings(_cli_parse_args=argv)
+
+
+# BERTSERVE_* names this project uses that are no setting of the server: docker-compose.yml's own (interpolated
+# there, never handed to the server), the load tester's key, the test suite's switches
+OTHER_VARIABLES = frozenset(
+    {
+        "BERTSERVE_MODELS_DIR",
+        "BERTSERVE_PUBLISH",
+        "BERTSERVE_JAEGER_PUBLISH",
+        "BERTSERVE_LOADTEST_API_KEY",
+        "BERTSERVE_REQUIRE_GPU",
+        "BERTSERVE_SHARED",
+    }
+)
+# What the kubelet sets for a Service whose name starts with "bertserve" where a pod keeps its service links
+SERVICE_LINK = re.compile(r"BERTSERVE_\w*(SERVICE_HOST|SERVICE_PORT\w*|PORT_\d+_(TCP|UDP|SCTP)\w*)")
+SERVICE_ADDRESS = re.compile(r"(tcp|udp|sctp)://.*")  # the value of a link's NAME_PORT
+TYPO_SIMILARITY = 0.85  # BERTSERVE_API_KEY against BERTSERVE_API_KEYS: 0.97; BERTSERVE_MAX_QUEUE_SECONDS: 0.88
+
+
+def unknown_variables(environ: Mapping[str, str]) -> tuple[str | None, list[str]]:
+    """BERTSERVE_* variables that set nothing, which pydantic-settings passes over in silence: (a refusal, for one
+    that looks like a misspelt setting, BERTSERVE_API_KEY for BERTSERVE_API_KEYS would serve with no key; warnings,
+    for the others)."""
+    names = [f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields]
+    unknown = sorted(
+        name
+        for name in environ
+        if name.startswith(ENV_PREFIX)
+        and name not in names
+        and name not in OTHER_VARIABLES
+        and not SERVICE_LINK.fullmatch(name)
+        and not (name.endswith("_PORT") and SERVICE_ADDRESS.fullmatch(environ[name]))
+    )
+    warnings = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, names, n=1, cutoff=TYPO_SIMILARITY)
+        if close:
+            return f"{name} is not a setting; did you mean {close[0]}? (unset it or correct its name)", []
+        warnings.append(f"{name[:100]} is not a setting and is ignored (python -m service --help lists them)")
+    return None, warnings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -45,10 +46,15 @@ async def wait_for_async(condition: Callable[[], bool], timeout: float = 60.0, e
     return condition()
 
 
-def run_service(*args: str) -> subprocess.CompletedProcess:
-    """`python -m service ARGS` to its end (start-up refusals, --help), output captured."""
+def run_service(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m service ARGS` to its end (start-up refusals, --help), output captured; `env` beside this one's."""
     return subprocess.run(
-        [sys.executable, "-m", "service", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "service", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
     )
 
 

@@ -1,5 +1,6 @@
 """`python -m service` as an operator starts and stops it: where it cannot listen it says so in one line and exits 2
-before anything loads, in either layout; `--drain-timeout-s` bounds a stop whatever is in flight."""
+before anything loads, in either layout; a BERTSERVE_* variable that sets nothing is refused where it looks like a
+misspelt setting, a warning otherwise; `--drain-timeout-s` bounds a stop whatever is in flight."""
 
 from __future__ import annotations
 
@@ -43,6 +44,40 @@ def test_a_host_that_is_no_address_is_one_line_and_exit_2(tiny_repository: Path)
     done = run_service("--repository", str(tiny_repository), "--models", MODEL, "--host", "999.1.1.1")
     assert done.returncode == 2
     assert done.stderr.startswith("error: cannot listen on 999.1.1.1:") and "Traceback" not in done.stderr
+
+
+def test_a_misspelt_setting_in_the_environment_is_refused_not_ignored(tiny_repository: Path) -> None:
+    """pydantic-settings passes over BERTSERVE_API_KEY in silence: the server served with no key at all."""
+    key = {"BERTSERVE_API_KEY": "abcdefghijklmnopqrstuvwxyz012345"}
+    done = run_service("--repository", str(tiny_repository), "--models", MODEL, env=key)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: BERTSERVE_API_KEY is not a setting; did you mean BERTSERVE_API_KEYS? (unset it or correct its name)"
+    )
+
+
+def test_another_unknown_variable_is_a_warning_and_service_links_and_comma_lists_are_taken(
+    tiny_repository: Path,
+) -> None:
+    """A name like no setting is said once in the log (the server then starts: here it stops at a taken port, after
+    the settings were read); the kubelet's service links and this project's compose variables are not warned of;
+    BERTSERVE_MODELS takes the comma-separated list its help describes (it wanted JSON)."""
+    env = {
+        "BERTSERVE_COLOUR": "blue",
+        "BERTSERVE_SERVICE_HOST": "10.0.0.7",
+        "BERTSERVE_PORT_80_TCP_ADDR": "10.0.0.7",
+        "BERTSERVE_MODELS_DIR": "/srv/models",
+        "BERTSERVE_MODELS": f"{MODEL},bert-ner",
+    }
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_service("--repository", str(tiny_repository), "--port", str(port), env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+    warnings = [line for line in done.stderr.splitlines() if "is not a setting" in line]
+    assert len(warnings) == 1 and "BERTSERVE_COLOUR is not a setting and is ignored" in warnings[0], done.stderr
 
 
 def test_a_drain_timeout_under_a_second_bounds_the_stop(tiny_repository: Path, server_factory) -> None:

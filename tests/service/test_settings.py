@@ -22,6 +22,16 @@ def test_environment_then_command_line(monkeypatch) -> None:
     assert settings.warmup is False and settings.models == ["a", "b"]
 
 
+def test_lists_from_the_environment_are_comma_separated_or_json(monkeypatch) -> None:
+    """BERTSERVE_MODELS=a,b was refused as "not a valid list" (it wanted JSON)."""
+    monkeypatch.setenv("BERTSERVE_MODELS", "a, b")
+    assert Settings().models == ["a", "b"]
+    monkeypatch.setenv("BERTSERVE_MODELS", "single")
+    assert Settings().models == ["single"]
+    monkeypatch.setenv("BERTSERVE_MODELS", '["c", "d"]')  # as the launcher hands a list on
+    assert Settings().models == ["c", "d"]
+
+
 def test_a_short_deadline_alone_shortens_the_default_queue_bound() -> None:
     assert Settings(request_timeout_s=1).max_queue_s == 0.5
     assert Settings().max_queue_s == 2.0
