@@ -6,6 +6,7 @@ by the HTTP protocol itself before any ASGI app runs (`error_body`: malformed HT
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -28,6 +29,9 @@ Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
 MAX_OTHER_FIELDS = 5  # of a validation error's other failing fields, the most its message names
 MAX_KEY_CHARS = 100  # of a key that is not allowed, the most its field and message quote
 STARLETTE_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+OPENAI_EMBEDDINGS_PATH = "/v1/embeddings"  # OpenAI's embeddings API; the metrics' endpoint label "embeddings"
+# The one error body ({error, error_type, field}) and the response's status -> the body another API's clients parse
+ErrorShape = Callable[[int, dict[str, Any]], dict[str, Any]]
 
 
 def error_content(error_type: str, message: str, field: str | None = None) -> dict[str, Any]:
@@ -38,9 +42,37 @@ def error_response(status: int, error_type: str, message: str, field: str | None
     return JSONResponse(error_content(error_type, message, field), status_code=status, headers=headers)
 
 
-def error_body(exc: ServiceError) -> bytes:
-    """The JSON body of a domain error, byte for byte as FastAPI's handlers write it."""
+def error_body(exc: ServiceError, path: str | None = None) -> bytes:
+    """The JSON body of a domain error, byte for byte as FastAPI's handlers write it; in the path's shape where it
+    has one (`ERROR_SHAPES`)."""
+    if path is not None and (shape := ERROR_SHAPES.get(path)) is not None:
+        content = error_content(exc.error_type, exc.message, exc.field)
+        return render_shaped(shape(exc.status_code, content))
     return bytes(error_response(exc.status_code, exc.error_type, exc.message, exc.field).body)
+
+
+def openai_error(status: int, content: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's error body: the message, a type by the status (the openai SDK picks its exception by the status;
+    the type is for people and logs), the field as `param` and the server's error_type as `code`."""
+    if status == 401:
+        kind = "authentication_error"
+    elif status == 429:
+        kind = "rate_limit_error"
+    elif status >= 500:
+        kind = "server_error"
+    else:
+        kind = "invalid_request_error"
+    message, field, code = content.get("error"), content.get("field"), content.get("error_type")
+    return {"error": {"message": message, "type": kind, "param": field, "code": code}}
+
+
+def render_shaped(content: dict[str, Any]) -> bytes:
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+# Paths whose errors are rendered in another API's shape (every method: a GET's 405 too), whichever layer answers:
+# the HTTP protocol's refusals (`error_body`), the gateway and everything below it (`gateway.ShapedErrors`)
+ERROR_SHAPES: dict[str, ErrorShape] = {OPENAI_EMBEDDINGS_PATH: openai_error}
 
 
 async def send_error(

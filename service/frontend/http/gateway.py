@@ -16,7 +16,7 @@ before the body is read), the body (read here, bounded: 413), the endpoint and i
 Every error has one body, {error, error_type, field}, and one mapping of domain errors to statuses
 (`service.errors`, `service.frontend.http.errors`); a path that speaks another API's error shape (OpenAI's
 embeddings: `{"error": {message, type, param, code}}`) has that body rendered in its shape on the way out
-(`ERROR_SHAPES`, `ShapedErrors`), whichever layer answered the error, with the same status and headers.
+(`errors.ERROR_SHAPES`, `ShapedErrors`), whichever layer answered the error, with the same status and headers.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from service.frontend.admission import SCOPE_ADMISSION, Door
 from service.frontend.http import errors as http_errors
 from service.frontend.http import traces
 from service.frontend.http.auth import ApiKeys, bearer_token, unauthorized
-from service.frontend.http.middleware import OPENAI_EMBEDDINGS_PATH, SCOPE_MODEL, endpoint_label, json_only_refusal
+from service.frontend.http.middleware import SCOPE_MODEL, endpoint_label, json_only_refusal
 from service.frontend.http.state import ServerState
 from service.logs import (
     REQUEST_ID,
@@ -51,28 +51,7 @@ from service.logs import (
 Scope = dict[str, Any]
 Endpoint = Callable[[Request], Awaitable[Response]]
 ASGIApp = Callable[..., Awaitable[None]]
-# The one error body ({error, error_type, field}) and the response's status -> the body another API's clients parse
-ErrorShape = Callable[[int, dict[str, Any]], dict[str, Any]]
 log = logging.getLogger("service.http")
-
-
-def openai_error(status: int, content: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's error body: the message, a type by the status (the openai SDK picks its exception by the status;
-    the type is for people and logs), the field as `param` and the server's error_type as `code`."""
-    if status == 401:
-        kind = "authentication_error"
-    elif status == 429:
-        kind = "rate_limit_error"
-    elif status >= 500:
-        kind = "server_error"
-    else:
-        kind = "invalid_request_error"
-    message, field, code = content.get("error"), content.get("field"), content.get("error_type")
-    return {"error": {"message": message, "type": kind, "param": field, "code": code}}
-
-
-# Paths whose errors are rendered in another API's shape (every method: a GET's 405 too)
-ERROR_SHAPES: dict[str, ErrorShape] = {OPENAI_EMBEDDINGS_PATH: openai_error}
 
 
 class ShapedErrors:
@@ -80,7 +59,7 @@ class ShapedErrors:
     whichever layer answered (the gateway's checks, the endpoint, the slow lane's middleware or FastAPI's
     handlers), the status, the headers and which error it is stay theirs; only the body's shape changes."""
 
-    def __init__(self, send: Callable, shape: ErrorShape) -> None:
+    def __init__(self, send: Callable, shape: http_errors.ErrorShape) -> None:
         self._send = send
         self._shape = shape
         self._start: dict[str, Any] | None = None  # an error's start, held until its body is in
@@ -111,8 +90,7 @@ class ShapedErrors:
             return body
         if not isinstance(content, dict) or "error_type" not in content:
             return body
-        shaped = self._shape(status, content)
-        return json.dumps(shaped, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        return http_errors.render_shaped(self._shape(status, content))
 
 
 class InferenceEndpoints:
@@ -172,7 +150,7 @@ class InferenceGateway:
         self.metrics = server.metrics
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http" and (shape := ERROR_SHAPES.get(scope["path"])) is not None:
+        if scope["type"] == "http" and (shape := http_errors.ERROR_SHAPES.get(scope["path"])) is not None:
             send = ShapedErrors(send, shape)
         found = self.endpoints.find(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if found is None:

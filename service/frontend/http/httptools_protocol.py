@@ -160,10 +160,10 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_url(self, url: bytes) -> None:
         self._url_bytes += len(url)
+        super().on_url(url)  # kept even past the limit (by one read at most): the refusal's shape is the path's
         if self._url_bytes > self.limits.max_url_bytes:
             self._refusal = UriTooLong(f"the request target is longer than {self.limits.max_url_bytes} bytes")
             raise _Refused
-        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4  # "name: value\r\n"
@@ -253,7 +253,10 @@ class HttpProtocol(HttpToolsProtocol):
             in_app = cast(dict[str, Any], cycle.scope)  # an ASGI scope: ours to annotate, as logs.py does
             in_app[SCOPE_STATUS] = error.status_code
         request_id = uuid.uuid4().hex if in_app is None else in_app.setdefault(SCOPE_REQUEST_ID, uuid.uuid4().hex)
-        body = error_body(error)
+        # in the path's error shape (OpenAI's on /v1/embeddings), as the app's own errors are
+        target = getattr(self, "url", b"")  # uvicorn's, from the first message's begin on
+        path = in_app["path"] if in_app is not None else target.split(b"?", 1)[0].decode("latin-1")
+        body = error_body(error, path)
         head = [
             STATUS_LINE[error.status_code],
             *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),

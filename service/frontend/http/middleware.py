@@ -17,7 +17,7 @@ from service import tracing
 from service.errors import PayloadTooLarge, UnsupportedMediaType
 from service.frontend.admission import SCOPE_ADMISSION, Door
 from service.frontend.http import traces
-from service.frontend.http.errors import error_response, send_error
+from service.frontend.http.errors import OPENAI_EMBEDDINGS_PATH, error_response, send_error
 from service.logs import (
     REQUEST_ID,
     REQUEST_ID_HEADER,
@@ -42,7 +42,6 @@ INFERENCE_ENDPOINTS = ("classify", "ner", "qa", "embed")
 V2_INFER_ENDPOINT = "v2-infer"  # the request metrics' endpoint label of POST /v2/models/{name}/infer
 # Inference paths that name no model: the route puts the body's model in the scope (SCOPE_MODEL) for the metrics.
 RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank"})
-OPENAI_EMBEDDINGS_PATH = "/v1/embeddings"  # OpenAI's embeddings API; the metrics' endpoint label "embeddings"
 MODEL_IN_BODY_PATHS = RERANK_PATHS | {OPENAI_EMBEDDINGS_PATH}
 SCOPE_MODEL = "bertserve.model"
 

@@ -6,7 +6,7 @@ total_tokens}}`: each vector of unit length (OpenAI's are), cut to its first `di
 again where asked; with `encoding_format` base64, the vector's little-endian float32 bytes in base64 (what the SDK
 asks for by default, and decodes). `prompt_tokens` counts the rows' tokens, special tokens included. Errors have
 OpenAI's shape, `{"error": {message, type, param, code}}`, with the statuses of the rest of the server
-(`gateway.ERROR_SHAPES`). An adapter only: the texts are one request's rows in the batcher, and the request is
+(`errors.ERROR_SHAPES`). An adapter only: the texts are one request's rows in the batcher, and the request is
 admitted, limited, timed and counted as the native routes' are."""
 
 from __future__ import annotations

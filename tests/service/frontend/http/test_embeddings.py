@@ -24,7 +24,8 @@ from benchmarks.realdata import SHARED, sst2
 from export.pipeline import export_checkpoint
 from service.errors import Overloaded
 from service.frontend.http import errors as http_errors
-from service.frontend.http.gateway import ShapedErrors, openai_error
+from service.frontend.http.errors import openai_error
+from service.frontend.http.gateway import ShapedErrors
 from tests.harness.environment import online_env
 from tests.harness.serving import free_port
 from tests.service.conftest import Server

@@ -225,6 +225,30 @@ def test_oversized_and_malformed_requests_get_the_json_error(hardened, request_b
     assert httpx.get(hardened.url + "/livez").status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (b"POST /v1/embeddings?" + b"q" * 8200 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long"),
+        (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n", 431, "headers_too_large"),
+        (
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{",
+            408,
+            "request_timeout",
+        ),
+    ],
+    ids=["query-8k", "header-20k", "slow-body"],
+)
+def test_the_protocols_refusals_on_openais_route_are_in_openais_shape(hardened, request_bytes, status, code) -> None:
+    """The HTTP layer answers these before any app runs (the slow body's 408 while the app waits for it): on
+    /v1/embeddings in OpenAI's error shape as the app's own errors there are (the openai SDK read a bare string)."""
+    response, _ = exchange(hardened, request_bytes)
+    got, headers, body = parse(response)
+    assert got == status and headers["connection"] == "close" and int(headers["content-length"]) == len(body)
+    error = json.loads(body)["error"]
+    assert error["code"] == code and error["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+
+
 def test_within_the_limits_is_served(hardened) -> None:
     with httpx.Client(base_url=hardened.url) as client:
         assert client.get("/livez?" + "q" * 8000).status_code == 200
