@@ -12,6 +12,11 @@ Also usable directly, e.g.:
 
 Each request is logged (start time, endpoint, outcome, status, milliseconds, inputs) and written, with the
 stage timings, to `--report-dir` (requests.csv, stages.csv) when Locust quits.
+
+With `--api-key KEY` (default: the environment variable BERTSERVE_LOADTEST_API_KEY) every request, the first
+`/v1/models` included, carries `Authorization: Bearer KEY`. A user class named on the command line whose endpoint
+has no ready model on the server is not started: one error line says so, and Locust exits with 1 (left out of
+the command line, all three classes are tried and one without a model is only skipped, with a warning).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import csv
 import itertools
 import json
 import logging
+import os
 import random
 import sys
 import time
@@ -47,7 +53,7 @@ from loadtests.payloads import (
     sample,
 )
 from loadtests.shapes import Schedule, Stage, pacing_wait, rate_schedule, step_schedule
-from loadtests.urls import check_target, http_get
+from loadtests.urls import API_KEY_ENV, auth_headers, check_target, fetch_models
 from loadtests.validation import ModelTarget, judge, pick_target
 
 logger = logging.getLogger("loadtests")
@@ -69,6 +75,7 @@ class RunState:
     report_dir: Path | None = None
     seed: int = 0
     qa_top_k: int = 1
+    headers: dict[str, str] = field(default_factory=dict)  # the API key's Authorization header, if any
     current: Stage | None = None
     stages: list[list[Any]] = field(default_factory=list)  # STAGE_FIELDS rows
     records: list[tuple[Any, ...]] = field(default_factory=list)  # REQUEST_FIELDS rows
@@ -119,7 +126,9 @@ STATE = RunState()
 def _add_options(parser: Any) -> None:
     group = parser.add_argument_group("bertserve load test")
     group.add_argument("--payloads", default="builtin", help="builtin, shared (../shared/data) or a JSON file")
-    group.add_argument("--payload-limit", type=int, default=0, help="use only the first N texts of each set (0: all)")
+    group.add_argument(
+        "--payload-limit", type=int, default=0, help="only the first N texts (QA: pairs) of each set (0: all)"
+    )
     group.add_argument("--batch", default="mix", help="inputs per request: mix, N or A-B")
     for endpoint in ("classify", "ner", "qa"):
         group.add_argument(f"--{endpoint}-model", default="", help=f"model for /{endpoint} (default: first by task)")
@@ -135,10 +144,12 @@ def _add_options(parser: Any) -> None:
     group.add_argument("--report-dir", default="", help="where requests.csv and stages.csv go")
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host")
-
-
-def _fetch_models(host: str) -> list[dict[str, Any]]:
-    return json.loads(http_get(host + "/v1/models"))["models"]
+    group.add_argument(
+        "--api-key",
+        default="",
+        help=f"sent as `Authorization: Bearer KEY` on every request (default: ${API_KEY_ENV}, better than the "
+        "command line, which ps shows)",
+    )
 
 
 def configure(options: Any, host: str) -> None:
@@ -154,7 +165,9 @@ def configure(options: Any, host: str) -> None:
     STATE.max_requests = options.max_requests
     STATE.report_dir = Path(options.report_dir) if options.report_dir else None
     STATE.seed = options.seed
-    models = _fetch_models(host)
+    api_key = options.api_key or os.environ.get(API_KEY_ENV) or None
+    STATE.headers = auth_headers(api_key)
+    models = fetch_models(host, api_key)
     for endpoint in ("classify", "ner", "qa"):
         target = pick_target(models, endpoint, getattr(options, f"{endpoint}_model") or None)
         if target is not None:
@@ -171,6 +184,29 @@ def _on_init(environment: Environment, **_: Any) -> None:
     except Exception as error:  # a wrong option or an unreachable server: stop before any load
         sys.stderr.write(f"error: {error}\n")
         raise SystemExit(2) from error
+    drop_users_without_model(environment, named=bool(getattr(options, "user_classes", None)))
+
+
+def drop_users_without_model(environment: Environment, named: bool) -> None:
+    """Leave out the user classes whose endpoint has no ready model, one line each (no user starts only to stop
+    with a traceback). Classes named on the command line: an error, and exit status 1; nothing left: exit now."""
+    keep = []
+    for user_class in environment.user_classes:
+        endpoint = getattr(user_class, "endpoint", None)
+        if endpoint is None or endpoint in STATE.targets:
+            keep.append(user_class)
+            continue
+        line = f"no ready {endpoint} model on the server: {user_class.__name__} users are not started"
+        if named:
+            logger.error(line)
+            environment.process_exit_code = 1
+        else:
+            logger.warning(line)
+    if len(keep) < len(environment.user_classes):
+        environment.user_classes[:] = keep
+    if not keep:
+        logger.error("no user class left to run: stopping before any load")
+        raise SystemExit(1)
 
 
 @events.request.add_listener
@@ -236,14 +272,15 @@ class EndpointUser(FastHttpUser):
 
     def on_start(self) -> None:
         if self.endpoint not in STATE.targets or STATE.payloads is None or STATE.batch is None:
-            logger.error("no ready %s model on the server: %s users stop", self.endpoint, type(self).__name__)
-            raise StopUser()
+            raise StopUser()  # left out at init (drop_users_without_model) when run by Locust's command line
         self.target = STATE.targets[self.endpoint]
 
     def send(self, body: dict[str, Any], inputs: list[Any], top_k: int = 1) -> None:
         path = f"/v1/models/{self.target.name}/{self.endpoint}"
         context = {"endpoint": self.endpoint, "rows": len(inputs)}
-        with self.client.post(path, json=body, name=self.endpoint, catch_response=True, context=context) as response:
+        with self.client.post(
+            path, json=body, headers=STATE.headers, name=self.endpoint, catch_response=True, context=context
+        ) as response:
             try:
                 content = response.content
             except Exception:  # the body could not be read: judged as no answer

@@ -135,15 +135,21 @@ def file_payloads(path: Path) -> PayloadSet:
 
 
 def load_payloads(source: str, limit: int | None = None) -> PayloadSet:
-    """`builtin`, `shared` or a JSON file path; PayloadError with the reason when it cannot be used."""
+    """`builtin`, `shared` or a JSON file path, each endpoint's set cut to its first `limit` texts (QA: pairs)
+    whatever the source (None or 0: all); PayloadError with the reason when it cannot be used."""
+    if limit is not None and limit < 0:
+        raise PayloadError(f"--payload-limit must be 0 (all) or more, not {limit}")
     if source == "builtin":
-        return builtin_payloads()
-    if source == "shared":
-        return shared_payloads(limit)
-    path = Path(source)
-    if path.suffix == ".json" or path.exists():
-        return file_payloads(path)
-    raise PayloadError(f"--payloads: expected builtin, shared or a JSON file, not {source!r}")
+        loaded = builtin_payloads()
+    elif source == "shared":
+        loaded = shared_payloads(limit or None)
+    elif Path(source).suffix == ".json" or Path(source).exists():
+        loaded = file_payloads(Path(source))
+    else:
+        raise PayloadError(f"--payloads: expected builtin, shared or a JSON file, not {source!r}")
+    if not limit:
+        return loaded
+    return PayloadSet(loaded.source, loaded.classify[:limit], loaded.ner[:limit], loaded.qa[:limit])
 
 
 @dataclass(frozen=True)

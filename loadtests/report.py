@@ -5,6 +5,8 @@ requests sent, answered (ok), shed (429) and failed; ok requests/s and sequences
 p95 and p99 of the ok latencies. A request belongs to the stage in which it started.
 
 Summary:
+- totals: every request logged, the settling seconds too (a failure there is still a failure: it counts in the
+  failures and in the exit status); how many of them fell in the settling seconds;
 - saturation throughput: the best ok throughput of any stage (requests/s, or sequences/s with
   `metric="sequences"`); the knee is the first stage within 5% of it, and the load is saturated when
   stages with more offered load follow the knee;
@@ -177,22 +179,41 @@ def _point(stage: StageStats, metric: Metric, target: float | None = None) -> di
     return point
 
 
-def summarize(stats: Sequence[StageStats], metric: Metric = "requests") -> dict[str, Any]:
-    """Saturation throughput, p99 near 50% and 90% of it, shed and fail rates beyond it (see module doc)."""
-    requests = sum(s.requests for s in stats)
-    shed = sum(s.shed for s in stats)
-    failed = sum(s.failed for s in stats)
+def _totals(requests: int, ok: int, shed: int, failed: int) -> dict[str, Any]:
+    return {
+        "requests": requests,
+        "ok": ok,
+        "shed": shed,
+        "failed": failed,
+        "shed_rate": round(_rate(shed, requests), 4),
+        "fail_rate": round(_rate(failed, requests), 4),
+    }
+
+
+def summarize(
+    stats: Sequence[StageStats], metric: Metric = "requests", records: Sequence[RequestRecord] | None = None
+) -> dict[str, Any]:
+    """Saturation throughput, p99 near 50% and 90% of it, shed and fail rates beyond it (see module doc).
+
+    `totals` counts every request of `records` (the whole log, settling seconds included); without `records`,
+    the requests of the stage figures. `outside_stages` (with `records`) says how many requests, and failures,
+    the stage figures leave out (a stage's settling seconds, or after the last stage)."""
+    in_stages = {
+        "requests": sum(s.requests for s in stats),
+        "ok": sum(s.ok for s in stats),
+        "shed": sum(s.shed for s in stats),
+        "failed": sum(s.failed for s in stats),
+    }
+    if records is None:
+        totals = _totals(**in_stages)
+    else:
+        outcomes = [record.outcome for record in records]
+        totals = _totals(len(outcomes), outcomes.count("ok"), outcomes.count("shed"), outcomes.count("fail"))
+        totals["outside_stages"] = {key: totals[key] - in_stages[key] for key in in_stages}
     summary: dict[str, Any] = {
         "metric": metric,
         "stages": len(stats),
-        "totals": {
-            "requests": requests,
-            "ok": sum(s.ok for s in stats),
-            "shed": shed,
-            "failed": failed,
-            "shed_rate": round(_rate(shed, requests), 4),
-            "fail_rate": round(_rate(failed, requests), 4),
-        },
+        "totals": totals,
         "saturation": None,
         "knee": None,
         "saturated": False,
@@ -363,8 +384,18 @@ def markdown(summary: dict[str, Any], stats: Sequence[StageStats], run: dict[str
         else:
             lines.append("- beyond saturation: no stage past the knee, no shed rate to report")
     totals = summary["totals"]
+    lines.append(
+        f"- totals: {totals['requests']} requests, {totals['ok']} ok, {totals['shed']} shed, {totals['failed']} failed"
+    )
+    outside = totals.get("outside_stages")
+    if outside and outside["requests"]:
+        settle = run.get("settle_seconds")
+        lines.append(
+            f"  (all logged requests; {outside['requests']} of them, {outside['failed']} failed, "
+            f"{outside['shed']} shed, fell in the first {settle if settle is not None else '?'} s of a stage or after "
+            "the last one: counted here and in the exit status, left out of the stage rates and latencies)"
+        )
     lines += [
-        f"- totals: {totals['requests']} requests, {totals['ok']} ok, {totals['shed']} shed, {totals['failed']} failed",
         "",
         "| stage | offered | users | s | sent/s | ok req/s | ok seq/s | shed % | fail % | p50 ms | p95 ms | p99 ms |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",

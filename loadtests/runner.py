@@ -11,8 +11,12 @@ the server's `/metrics` before and after (`metrics_before.prom`, `metrics_after.
 
 Bounded: the load stops at the end of its stages, at --max-seconds or at --max-requests, and Locust is killed
 if it is still running 90 s after that. The URL must be a loopback address unless --allow-remote is given.
-Exit status: 0 when every request was answered or shed, 1 when some failed, 2 for bad options or an
-unreachable server, 3 when Locust ended without a request log.
+For a server started with API keys, pass one with --api-key or, better (the command line shows in `ps`), in
+BERTSERVE_LOADTEST_API_KEY: every request, the preflight `/v1/models` and the `/metrics` scrapes included, then
+carries `Authorization: Bearer KEY`.
+Exit status: 0 when every request was answered or shed, 1 when any failed (in a stage's settling seconds too),
+2 for bad options, an unreachable server, a refused key or a server that is not bertserve, 3 when Locust ended
+without a request log.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from loadtests.report import (
     summarize,
 )
 from loadtests.shapes import Schedule, rate_schedule, step_schedule
-from loadtests.urls import check_target, http_get
+from loadtests.urls import API_KEY_ENV, check_target, fetch_models, http_get
 from loadtests.validation import ModelTarget, pick_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--allow-remote", action="store_true", help="allow a URL that is not a loopback address")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"API key of a server started with keys, sent as `Authorization: Bearer KEY` on every request; "
+        f"none: the environment variable {API_KEY_ENV} (better than the command line, which ps shows)",
+    )
     parser.add_argument("--report", type=Path, default=Path("reports/loadtest"), help="report folder (created)")
     parser.add_argument(
         "--endpoints", default="auto", help="comma-separated among classify,ner,qa; auto: each with a ready model"
@@ -69,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{endpoint}-model", default=None, help=f"model for /{endpoint}; none: the first ready model of its task"
         )
     parser.add_argument("--payloads", default="builtin", help="builtin, shared (../shared/data) or a JSON file")
-    parser.add_argument("--payload-limit", type=int, default=0, help="only the first N texts of each set (0: all)")
+    parser.add_argument(
+        "--payload-limit",
+        type=int,
+        default=0,
+        help="only the first N texts (QA: pairs) of each endpoint's set, whatever the source (0: all)",
+    )
     parser.add_argument("--batch", default="mix", help="inputs per request: mix (60%% 1, 30%% 2-4, 10%% 5-16), N, A-B")
     parser.add_argument("--shape", choices=["step", "rate"], default="step", help="step load or constant arrival rate")
     parser.add_argument("--step-users", type=int, default=2, help="step: users added per step (and the first step)")
@@ -85,7 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=200_000,
         help="stop once this many requests completed (checked every second)",
     )
-    parser.add_argument("--settle-seconds", type=float, default=2.0, help="left out at the start of each stage")
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=2.0,
+        help="left out of each stage's rates and latencies at its start (its failures still count)",
+    )
     parser.add_argument("--metric", choices=["requests", "sequences"], default="requests", help="saturation by")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="print only the report folder")
@@ -172,12 +192,15 @@ def locust_command(args: argparse.Namespace, url: str, targets: dict[str, ModelT
     return command + [USER_CLASSES[endpoint] for endpoint in targets]
 
 
-def run_locust(command: list[str], report: Path, timeout_s: float) -> int:
+def run_locust(command: list[str], report: Path, timeout_s: float, api_key: str | None = None) -> int:
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
+    env.pop(API_KEY_ENV, None)
+    if api_key:  # by the environment, not the command line (ps, locust_command.txt)
+        env[API_KEY_ENV] = api_key
     with (report / "locust.out").open("w") as output:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
         try:
@@ -188,9 +211,9 @@ def run_locust(command: list[str], report: Path, timeout_s: float) -> int:
             return -9
 
 
-def scrape(url: str, path: Path) -> None:
+def scrape(url: str, path: Path, api_key: str | None = None) -> None:
     try:
-        text = http_get(url + "/metrics").decode("utf-8", "replace")
+        text = http_get(url + "/metrics", api_key=api_key).decode("utf-8", "replace")
     except (urllib.error.URLError, OSError) as error:
         text = f"# scrape failed: {error}\n"
     path.write_text(text)
@@ -203,7 +226,7 @@ def write_report(report: Path, run: dict[str, Any], settle_s: float, metric: str
     records = read_requests(report / "requests.csv")
     stages = read_stages(report / "stages.csv")
     stats = stage_stats(records, stages, settle_s)
-    summary = summarize(stats, metric)  # type: ignore[arg-type]
+    summary = summarize(stats, metric, records)  # type: ignore[arg-type]
     summary["endpoints"] = endpoint_totals(records)
     summary["server"] = metrics_delta(
         parse_prometheus((report / "metrics_before.prom").read_text()),
@@ -225,20 +248,59 @@ def write_report(report: Path, run: dict[str, Any], settle_s: float, metric: str
     return summary
 
 
+def redacted(argv: list[str]) -> list[str]:
+    """The command line with the value of --api-key hidden (it goes into the report)."""
+    shown, hide = [], False
+    for arg in argv:
+        if hide:
+            shown.append("REDACTED")
+        elif arg.startswith("--api-key="):
+            shown.append("--api-key=REDACTED")
+        else:
+            shown.append(arg)
+        hide = arg == "--api-key"
+    return shown
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """ValueError for a value out of range (before anything is sent)."""
+    if not 0 < args.max_seconds <= MAX_SECONDS_LIMIT:
+        raise ValueError(f"--max-seconds must be in (0, {MAX_SECONDS_LIMIT:g}]")
+    if args.max_requests < 1:
+        raise ValueError("--max-requests must be at least 1")
+    if args.payload_limit < 0:
+        raise ValueError(f"--payload-limit must be 0 (all) or more, not {args.payload_limit}")
+    if not args.settle_seconds >= 0:  # NaN too
+        raise ValueError(f"--settle-seconds must be 0 or more, not {args.settle_seconds:g}")
+    report: Path = args.report
+    if report.exists() and not report.is_dir():
+        raise ValueError(f"--report {report}: exists and is not a folder")
+
+
+def make_report_folder(report: Path) -> Path:
+    """The report folder, created (with its parents); ValueError saying why when it cannot be."""
+    try:
+        report.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--report {report}: cannot create the folder: {error.strerror or error}") from None
+    if not os.access(report, os.W_OK | os.X_OK):
+        raise ValueError(f"--report {report}: the folder is not writable")
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     try:
         url = check_target(args.url, args.allow_remote)
-        if not 0 < args.max_seconds <= MAX_SECONDS_LIMIT:
-            raise ValueError(f"--max-seconds must be in (0, {MAX_SECONDS_LIMIT:g}]")
-        if args.max_requests < 1:
-            raise ValueError("--max-requests must be at least 1")
+        check_options(args)
         schedule = schedule_from(args)
         parse_batch_sizes(args.batch)
         payloads = load_payloads(args.payloads, args.payload_limit or None)
-        models = json.loads(http_get(url + "/v1/models"))["models"]
+        models = fetch_models(url, args.api_key)
         targets = choose_targets(models, args)
+        report = make_report_folder(args.report.resolve())
     except (ValueError, PayloadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -248,8 +310,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.payloads not in ("builtin", "shared"):
         args.payloads = str(Path(args.payloads).resolve())  # Locust runs from the project root
-    report: Path = args.report.resolve()
-    report.mkdir(parents=True, exist_ok=True)
     for stale in ("requests.csv", "stages.csv", "locust_run.json", "summary.json", "summary.md"):
         (report / stale).unlink(missing_ok=True)
     command = locust_command(args, url, targets, report)
@@ -261,18 +321,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{payloads.sizes()}; report in {report}",
             file=sys.stderr,
         )
-    scrape(url, report / "metrics_before.prom")
+    scrape(url, report / "metrics_before.prom", args.api_key)
     started = time.monotonic()
-    locust_rc = run_locust(command, report, schedule.duration_s + KILL_GRACE_S)
+    locust_rc = run_locust(command, report, schedule.duration_s + KILL_GRACE_S, args.api_key)
     seconds = time.monotonic() - started
-    scrape(url, report / "metrics_after.prom")
+    scrape(url, report / "metrics_after.prom", args.api_key)
     if not (report / "requests.csv").is_file() or not (report / "stages.csv").is_file():
         tail = (report / "locust.out").read_text(errors="replace")[-2000:]
         print(f"error: Locust exited with {locust_rc} without a request log; its output ends:\n{tail}", file=sys.stderr)
         return 3
     locust_run = json.loads((report / "locust_run.json").read_text())
     run = {
-        "command": shlex.join(["python", "-m", "loadtests", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(["python", "-m", "loadtests", *redacted(sys.argv[1:] if argv is None else argv)]),
         "url": url,
         "models": {endpoint: target.name for endpoint, target in targets.items()},
         "shape": args.shape,

@@ -43,6 +43,18 @@ class ModelTarget:
             return None
         return frozenset(label[2:] if label[:2] in ("B-", "I-") else label for label in self.labels) - {"O"}
 
+    @property
+    def score_function(self) -> str:
+        """What the server applies to a classifier's logits by default (as transformers' pipeline, see
+        bertcore/tasks/classification.py): none for a regression head (`problem_type` regression, e.g. a
+        cross-encoder: raw scores, any finite number), sigmoid for a multi-label or one-label head (each score in
+        [0, 1]), else softmax (in [0, 1], summing to 1)."""
+        if self.problem_type == "regression":
+            return "none"
+        if self.problem_type == "multi_label_classification" or (self.labels is not None and len(self.labels) == 1):
+            return "sigmoid"
+        return "softmax"
+
 
 def pick_target(models: list[dict[str, Any]], endpoint: str, name: str | None = None) -> ModelTarget | None:
     """The model named `name` (it must serve the endpoint's task), else the first ready one of that task."""
@@ -72,11 +84,13 @@ def _require(condition: bool, reason: str) -> None:
         raise Malformed(reason)
 
 
-def _score(value: Any, where: str) -> None:
-    _require(
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= 1,
-        f"{where}: score {value!r} is not a number in [0, 1]",
-    )
+def _score(value: Any, where: str, bounded: bool = True) -> None:
+    """A finite number, in [0, 1] unless `bounded` is False (a regression head's raw score)."""
+    finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if bounded:
+        _require(finite and 0 <= value <= 1, f"{where}: score {value!r} is not a number in [0, 1]")
+    else:
+        _require(finite, f"{where}: score {value!r} is not a finite number")
 
 
 def _offset(value: Any, where: str) -> int:
@@ -97,21 +111,23 @@ def _results(body: Any, target: ModelTarget, count: int) -> list[Any]:
 
 
 def validate_classify(body: Any, target: ModelTarget, texts: list[str]) -> None:
-    """top_k null: every label once, by decreasing score; softmax scores sum to 1."""
+    """top_k null: every label once, by decreasing score; softmax scores sum to 1; a regression head's raw scores
+    may be any finite number."""
+    function = target.score_function
     for index, labels in enumerate(_results(body, target, len(texts))):
         where = f"results[{index}]"
         _require(len(labels) > 0, f"{where}: no labels")
         names = [item.get("label") for item in labels]
         _require(all(isinstance(name, str) for name in names), f"{where}: a label is not a string")
         for item in labels:
-            _score(item.get("score"), where)
+            _score(item.get("score"), where, bounded=function != "none")
         scores = [item["score"] for item in labels]
         _require(scores == sorted(scores, reverse=True), f"{where}: labels not sorted by decreasing score")
         if target.labels is not None:
             _require(
                 sorted(names) == sorted(target.labels), f"{where}: labels {names} are not the model's {target.labels}"
             )
-            if target.problem_type != "multi_label_classification":
+            if function == "softmax":
                 _require(abs(sum(scores) - 1) < 1e-3, f"{where}: softmax scores sum to {sum(scores):.4f}, not 1")
 
 

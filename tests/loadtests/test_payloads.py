@@ -79,6 +79,19 @@ def test_payload_file_and_its_errors(tmp_path: Path) -> None:
         load_payloads("squad")
 
 
+def test_payload_limit_cuts_every_source(tmp_path: Path) -> None:
+    limited = load_payloads("builtin", limit=3)
+    assert limited.sizes() == {"classify": 3, "ner": 3, "qa": 3}
+    assert limited.classify == builtin_payloads().classify[:3] and limited.qa == builtin_payloads().qa[:3]
+    assert load_payloads("builtin", limit=0).sizes() == builtin_payloads().sizes()  # 0: all
+    texts = tmp_path / "texts.json"
+    texts.write_text(json.dumps({"classify": ["one", "two", "three"], "ner": ["Ann in Paris."]}))
+    from_file = load_payloads(str(texts), limit=2)
+    assert from_file.classify == ("one", "two") and from_file.ner == ("Ann in Paris.",) and len(from_file.qa) == 2
+    with pytest.raises(PayloadError, match="--payload-limit must be 0"):
+        load_payloads("builtin", limit=-1)
+
+
 def test_batch_sizes() -> None:
     rng = random.Random(0)
     mix = parse_batch_sizes("mix")

@@ -50,6 +50,28 @@ def test_stage_stats_attribute_requests_and_leave_out_the_settling() -> None:
     assert short.seconds == 5.0
 
 
+def test_failures_while_settling_count_in_the_totals() -> None:
+    """A stage's settling seconds are left out of its figures, not out of the failure count."""
+    stages = [StageWindow(0, 2, 2, None, 100.0, 110.0)]
+    records = [
+        *(RequestRecord(100.1 + i * 0.1, "classify", "fail", 500, 1.0, 1) for i in range(7)),  # settling
+        RequestRecord(101.0, "classify", "shed", 429, 1.0, 1),  # settling
+        *(RequestRecord(103.0 + i * 0.1, "classify", "ok", 200, 5.0, 1) for i in range(20)),
+    ]
+    stats = stage_stats(records, stages, settle_s=2.0)
+    assert stats[0].failed == 0 and stats[0].requests == 20
+    summary = summarize(stats, "requests", records)
+    totals = summary["totals"]
+    assert (totals["requests"], totals["ok"], totals["shed"], totals["failed"]) == (28, 20, 1, 7)
+    assert totals["fail_rate"] == pytest.approx(7 / 28, abs=1e-4)
+    assert totals["outside_stages"] == {"requests": 8, "ok": 0, "shed": 1, "failed": 7}
+    text = markdown(summary, stats, {"seconds": 10.0, "settle_seconds": 2.0})
+    assert "- totals: 28 requests, 20 ok, 1 shed, 7 failed" in text
+    assert "8 of them, 7 failed, 1 shed, fell in the first 2.0 s of a stage" in text
+    # Without the request log: the stage figures' totals, as before.
+    assert summarize(stats)["totals"]["failed"] == 0 and "outside_stages" not in summarize(stats)["totals"]
+
+
 def _stage(index: int, offered: float, ok_rps: float, p99: float, shed_rate: float = 0.0) -> StageStats:
     seconds, sent = 10.0, ok_rps / (1 - shed_rate)
     requests = round(sent * seconds)

@@ -1,5 +1,7 @@
-"""`python -m loadtests` end to end, a few seconds each: against a real server on tiny models, and against a
-stub that sheds and answers badly (429 must count as shed, a malformed answer as a failure).
+"""`python -m loadtests` end to end, a few seconds each: against a real server on tiny models (one of them a
+regression head behind an API key), and against stubs that shed and answer badly (429 must count as shed, a
+malformed answer as a failure), fail their first requests (a failure while a stage settles is still a failure),
+or are not bertserve at all; and the user mistakes that must end in one line and exit status 2.
 
 Locust runs in its own process (it patches the standard library with gevent on import), as the runner starts it.
 """
@@ -13,13 +15,15 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from loadtests.urls import API_KEY_ENV
 from tests.harness.environment import offline_env
+from tests.loadtests.conftest import LOADTEST_API_KEY, REGRESSION_MODEL
 from tests.service.conftest import Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,11 +43,29 @@ REPORT_FILES = (
 PLOTS = ("throughput.png", "latency.png", "timeline.png")
 
 
-def run_loadtest(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = offline_env()
+def run_loadtest(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None, module: str = "loadtests"
+) -> subprocess.CompletedProcess[str]:
+    environment = offline_env(env)
+    if env is None or API_KEY_ENV not in env:
+        environment.pop(API_KEY_ENV, None)
     return subprocess.run(
-        [sys.executable, "-m", "loadtests", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """Exit status 2, and stderr one `error: ...` line holding each fragment (no traceback)."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], result.stderr
 
 
 def assert_png(path: Path) -> None:
@@ -152,14 +174,55 @@ class StubHandler(BaseHTTPRequestHandler):
         self._send(200, json.dumps({"model": "stub", "results": results}).encode())
 
 
+class FailFirstHandler(StubHandler):
+    """A classify endpoint whose first FAIL_FIRST requests get HTTP 500; every later one a good answer."""
+
+    FAIL_FIRST = 5
+    count = 0
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        inputs = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["inputs"]
+        with FailFirstHandler.lock:
+            FailFirstHandler.count += 1
+            number = FailFirstHandler.count
+        if number <= self.FAIL_FIRST:
+            self._send(500, b'{"error": "warming up"}')
+            return
+        answer = [{"label": "POS", "score": 0.75}, {"label": "NEG", "score": 0.25}]
+        self._send(200, json.dumps({"model": "stub", "results": [answer for _ in inputs]}).encode())
+
+
+def models_answer(body: object) -> type[StubHandler]:
+    """A server that answers `body` to GET /v1/models: another kind of server than bertserve."""
+
+    class OtherServer(StubHandler):
+        def do_GET(self) -> None:
+            self._send(200, json.dumps(body).encode())
+
+    return OtherServer
+
+
 @pytest.fixture
-def stub_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StubHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+def serve() -> Iterator[Callable[[type[BaseHTTPRequestHandler]], str]]:
+    """Start a local HTTP server with the handler class; its URL (stopped at the end of the test)."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(handler: type[BaseHTTPRequestHandler]) -> str:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def stub_url(serve: Callable[[type[BaseHTTPRequestHandler]], str]) -> str:
+    return serve(StubHandler)
 
 
 def test_shed_and_malformed_answers_are_told_apart(stub_url: str, tmp_path: Path) -> None:
@@ -212,3 +275,171 @@ def test_refuses_remote_targets_and_bad_options(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
     result = run_loadtest("--url", "http://127.0.0.1:9", "--batch", "0", "--report", str(tmp_path / "r"), timeout=30)
     assert result.returncode == 2 and "batch sizes" in result.stderr
+
+
+def test_failures_while_a_stage_settles_still_count(
+    serve: Callable[[type[BaseHTTPRequestHandler]], str], tmp_path: Path
+) -> None:
+    """The first 5 requests fail (HTTP 500), all inside the first stage's 2 settling seconds (10 requests/s):
+    they stay out of the stage figures, but the totals, the summary and the exit status count them."""
+    FailFirstHandler.count = 0
+    report = tmp_path / "report"
+    result = run_loadtest(
+        "--url",
+        serve(FailFirstHandler),
+        "--shape",
+        "rate",
+        "--rates",
+        "10",
+        "--stage-seconds",
+        "5",
+        "--rate-users",
+        "2",
+        "--max-seconds",
+        "5",
+        "--settle-seconds",
+        "2",
+        "--batch",
+        "1",
+        "--report",
+        str(report),
+    )
+    assert result.returncode == 1, result.stdout + result.stderr  # some requests failed
+    with (report / "requests.csv").open(newline="") as stream:
+        outcomes = Counter(row["outcome"] for row in csv.DictReader(stream))
+    assert outcomes["fail"] == FailFirstHandler.FAIL_FIRST and outcomes["ok"] > 10
+    summary = json.loads((report / "summary.json").read_text())
+    totals = summary["totals"]
+    assert (totals["failed"], totals["ok"], totals["requests"]) == (5, outcomes["ok"], sum(outcomes.values()))
+    assert totals["outside_stages"]["failed"] == 5  # all of them in the settling seconds
+    assert sum(stage["failed"] for stage in summary["stage_figures"]) == 0  # left out of the stage figures
+    text = (report / "summary.md").read_text()
+    assert ", 5 failed" in text and "5 failed" in text.split("- totals:")[1].splitlines()[1]
+    assert "first 2.0 s of a stage" in text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"object": "list", "data": [{"id": "gpt-4o", "object": "model"}]},  # OpenAI's /v1/models
+        [{"name": "sst2"}],
+        {"models": ["sst2"]},
+    ],
+)
+def test_a_server_that_is_not_bertserve(
+    body: object, serve: Callable[[type[BaseHTTPRequestHandler]], str], tmp_path: Path
+) -> None:
+    url = serve(models_answer(body))
+    result = run_loadtest("--url", url, "--report", str(tmp_path / "r"), timeout=30)
+    assert_one_line_error(result, f"the server at {url} does not look like bertserve")
+    assert not (tmp_path / "r").exists()
+
+
+def test_report_folder_mistakes(stub_url: str, tmp_path: Path) -> None:
+    posts = StubHandler.count
+    taken = tmp_path / "a-file"
+    taken.write_text("not a folder")
+    result = run_loadtest("--url", stub_url, "--report", str(taken), timeout=30)
+    assert_one_line_error(result, f"--report {taken}: exists and is not a folder")
+    assert taken.read_text() == "not a folder"
+    for path in ("/proc/nope", str(taken / "below")):
+        result = run_loadtest("--url", stub_url, "--report", path, timeout=30)
+        assert_one_line_error(result, f"--report {path}: cannot create the folder")
+    assert StubHandler.count == posts  # only the preflight's GET: no load started
+    assert not list(tmp_path.glob("**/requests.csv"))
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--payload-limit", "-1"), ("--settle-seconds", "-1"), ("--settle-seconds", "nan")]
+)
+def test_negative_options_are_refused(option: str, value: str, tmp_path: Path) -> None:
+    result = run_loadtest("--url", "http://127.0.0.1:9", option, value, "--report", str(tmp_path / "r"), timeout=30)
+    assert_one_line_error(result, f"{option} must be 0")
+    assert not (tmp_path / "r").exists()
+
+
+def test_api_key_and_a_regression_head(keyed_regression_server: Server, tmp_path: Path) -> None:
+    """A server started with API keys, serving only a cross-encoder whose classify scores are raw logits."""
+    url = keyed_regression_server.url
+    result = run_loadtest("--url", url, "--report", str(tmp_path / "r"), timeout=30)
+    assert_one_line_error(result, "the server refused the key (HTTP 401): pass --api-key", "no key was sent")
+    result = run_loadtest(
+        "--url", url, "--report", str(tmp_path / "r"), env={API_KEY_ENV: "wrong-key-0123456789abcdef"}, timeout=30
+    )
+    assert_one_line_error(result, "the server refused the key (HTTP 401): pass --api-key", "not one it accepts")
+    assert not (tmp_path / "r").exists()
+
+    report = tmp_path / "report"
+    result = run_loadtest(
+        "--url",
+        url,
+        "--api-key",
+        LOADTEST_API_KEY,
+        "--shape",
+        "step",
+        "--step-users",
+        "2",
+        "--max-users",
+        "2",
+        "--step-seconds",
+        "3",
+        "--max-seconds",
+        "3",
+        "--settle-seconds",
+        "0.5",
+        "--batch",
+        "1-3",
+        "--report",
+        str(report),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr + (report / "locust.out").read_text()
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["run"]["models"] == {"classify": REGRESSION_MODEL}
+    assert summary["totals"]["failed"] == 0 and summary["totals"]["ok"] > 5  # raw scores passed the checks
+    assert "bertserve_requests_total" in (report / "metrics_after.prom").read_text()  # scraped with the key
+    assert "--api-key REDACTED" in summary["run"]["command"]
+    for path in report.iterdir():
+        if path.suffix in (".json", ".md", ".txt", ".out", ".log", ".html"):
+            assert LOADTEST_API_KEY not in path.read_text(errors="replace"), path.name
+    with (report / "requests.csv").open(newline="") as stream:
+        scores_checked = [row for row in csv.DictReader(stream) if row["outcome"] == "ok"]
+    assert len(scores_checked) == summary["totals"]["ok"]
+
+
+def test_locustfile_run_directly_with_a_user_class_without_model(
+    keyed_regression_server: Server, tmp_path: Path
+) -> None:
+    """NerUser named, but the server has no NER model: one line, not a traceback per user, and exit status 1;
+    ClassifyUser still runs (the key from the environment)."""
+    report = tmp_path / "direct"
+    args = [
+        "-f",
+        str(ROOT / "loadtests" / "locustfile.py"),
+        "--headless",
+        "--only-summary",
+        "--host",
+        keyed_regression_server.url,
+        "--step-users",
+        "2",
+        "--max-users",
+        "2",
+        "--step-seconds",
+        "2",
+        "--max-seconds",
+        "2",
+        "--report-dir",
+        str(report),
+    ]
+    result = run_loadtest(*args, "ClassifyUser", "NerUser", module="locust", env={API_KEY_ENV: LOADTEST_API_KEY})
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "Traceback" not in output and "StopUser" not in output, output
+    line = "no ready ner model on the server: NerUser users are not started"
+    assert output.count(line) == 1, output
+    with (report / "requests.csv").open(newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    assert rows and {row["endpoint"] for row in rows} == {"classify"} and {row["outcome"] for row in rows} == {"ok"}
+
+    result = run_loadtest(*args, "NerUser", module="locust", env={API_KEY_ENV: LOADTEST_API_KEY}, timeout=30)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in output and output.count(line) == 1, output

@@ -114,6 +114,36 @@ def test_malformed_answers_fail(
         validate(endpoint, _broken(good, change), target, inputs)
 
 
+def test_regression_heads_answer_raw_scores() -> None:
+    """A regression head (a cross-encoder: problem_type regression, one label) answers its raw logit, any finite
+    number; a one-label head without problem_type answers a sigmoid (in [0, 1], no sum to check); softmax and
+    multi-label heads keep their [0, 1] bounds."""
+    regression = ModelTarget("classify", "rerank", ("LABEL_0",), "regression")
+    one_label = ModelTarget("classify", "rerank", ("LABEL_0",), None)
+    assert (regression.score_function, one_label.score_function, SENTIMENT.score_function) == (
+        "none",
+        "sigmoid",
+        "softmax",
+    )
+    raw = {"model": "rerank", "results": [[{"label": "LABEL_0", "score": 3.25}], [{"label": "LABEL_0", "score": -7}]]}
+    validate("classify", raw, regression, TEXTS)
+    assert judge("classify", 200, json.dumps(raw).encode(), regression, TEXTS) == ("ok", None)
+    validate("classify", raw, ModelTarget("classify", "rerank", None, "regression"), TEXTS)  # labels unknown
+    for bad in (float("nan"), float("inf"), "1.0", None, True):
+        broken = _broken(raw, lambda a, bad=bad: a["results"][0][0].update(score=bad))
+        with pytest.raises(Malformed, match="not a finite number"):
+            validate("classify", broken, regression, TEXTS)
+    with pytest.raises(Malformed, match="not a number in"):
+        validate("classify", raw, one_label, TEXTS)
+    sigmoid = _broken(raw, lambda a: [result[0].update(score=0.3) for result in a["results"]])
+    validate("classify", sigmoid, one_label, TEXTS)  # 0.3 alone: a sigmoid, not a softmax summing to 1
+    with pytest.raises(Malformed, match="not a number in"):
+        validate("classify", _broken(GOOD_CLASSIFY, lambda a: a["results"][0][0].update(score=3.0)), SENTIMENT, TEXTS)
+    labelled = {"name": "rerank", "status": "ready", "task": "classification", "labels": ["LABEL_0"]}
+    labelled["problem_type"] = "regression"
+    assert pick_target([labelled], "classify") == regression  # as /v1/models reports it
+
+
 def test_judge_outcomes() -> None:
     body = json.dumps(GOOD_CLASSIFY).encode()
     assert judge("classify", 200, body, SENTIMENT, TEXTS) == ("ok", None)
@@ -130,7 +160,7 @@ def test_judge_outcomes() -> None:
     assert outcome == "fail" and "no response" in reason
 
 
-MODELS = [
+MODELS: list[dict[str, Any]] = [
     {"name": "demo-ner", "status": "ready", "task": "ner", "labels": ["O", "B-PER", "I-PER"]},
     {"name": "broken", "status": "failed", "task": "classification"},
     {"name": "sst2", "status": "ready", "task": "classification", "labels": ["NEGATIVE", "POSITIVE"]},
