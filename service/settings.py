@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -341,6 +342,10 @@ class Settings(BaseSettings):
             return None
         if not OTLP_URL.fullmatch(endpoint.strip()):
             raise ValueError(f"{endpoint[:200]!r} is not an OTLP URL: http(s)://host[:port][/path]")
+        try:  # a port past 65535, an unclosed [IPv6 address: a traceback in the exporter, at start
+            _ = urlsplit(endpoint.strip()).port
+        except ValueError as error:
+            raise ValueError(f"{endpoint[:200]!r} is not an OTLP URL: {error}") from None
         return endpoint.strip()
 
     @field_validator("device")

@@ -46,6 +46,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from service import tracing
 from service.errors import Overloaded
 
 SCOPE_ADMISSION = "bertserve.admission"  # where an admitted request's Passage rides in the ASGI scope
@@ -335,6 +336,14 @@ class Door:
         self.refused_by = gate
 
     def try_enter(self, body_bytes: int | None, model: str | None = None) -> Passage | None:
+        """The passage, or None (refused: `overloaded` says why); in an `admission` span of the request's trace, on
+        every protocol (`bertserve.admitted` false for a 429)."""
+        with tracing.span("admission") as span:
+            passage = self._try_enter(body_bytes, model)
+            span.set_attribute("bertserve.admitted", passage is not None)
+        return passage
+
+    def _try_enter(self, body_bytes: int | None, model: str | None) -> Passage | None:
         tokens = estimate_tokens(body_bytes, self.gate.mean_request_tokens)
         admission = self.gate.try_enter(tokens)
         if admission is None:

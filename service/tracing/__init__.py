@@ -18,6 +18,7 @@ request path makes.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -144,6 +145,9 @@ def traceparent(context: SpanContext) -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
+HEX_2, HEX_16, HEX_32 = (re.compile(f"[0-9a-f]{{{n}}}") for n in (2, 16, 32))
+
+
 def parse_traceparent(value: str | bytes | None) -> SpanContext | None:
     """A client's `traceparent` (W3C trace context, version 00 or a later one read as 00), else None where it is
     absent or malformed (the request then starts a trace of its own, as the spec says)."""
@@ -154,14 +158,14 @@ def parse_traceparent(value: str | bytes | None) -> SpanContext | None:
     if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff" or (parts[0] == "00" and len(parts) != 4):
         return None
     version, trace_hex, span_hex, flags_hex = parts[:4]
-    if len(trace_hex) != 32 or len(span_hex) != 16 or len(flags_hex) != 2:
+    # lower-case hex digits only: int(x, 16) also reads "+7...", "0x7...", " 7..." and "7_7...", and would continue
+    # a trace the client never sent
+    if not (HEX_2.fullmatch(version) and HEX_32.fullmatch(trace_hex) and HEX_16.fullmatch(span_hex)):
         return None
-    try:
-        int(version, 16)
-        trace_id, span_id, flags = int(trace_hex, 16), int(span_hex, 16), int(flags_hex, 16)
-    except ValueError:
+    if not HEX_2.fullmatch(flags_hex):
         return None
-    if trace_id == 0 or span_id == 0 or trace_hex != trace_hex.lower() or span_hex != span_hex.lower():
+    trace_id, span_id, flags = int(trace_hex, 16), int(span_hex, 16), int(flags_hex, 16)
+    if trace_id == 0 or span_id == 0:
         return None
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 0x01))
 

@@ -190,7 +190,7 @@ class Call:
         raw_id = metadata.get("x-request-id")
         request_id = request_id_from(raw_id.encode("latin-1", "replace") if isinstance(raw_id, str) else raw_id)
         REQUEST_ID.set(request_id)  # the call has a task of its own
-        span = self._span(metadata, context) if tracing.ENABLED and self.name not in OPEN_METHODS else None
+        span = self._span(context) if tracing.ENABLED and self.name not in OPEN_METHODS else None
         initial: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
         if span is not None:
             initial += (("traceparent", tracing.traceparent(span.span.get_span_context())),)
@@ -230,13 +230,14 @@ class Call:
             name = self.request_type.DESCRIPTOR.full_name
             raise BadRequest(f"the request's bytes do not read as a protobuf {name}") from None
 
-    def _span(self, metadata: dict[str, Any], context: grpc.aio.ServicerContext) -> tracing.CurrentSpan | None:
+    def _span(self, context: grpc.aio.ServicerContext) -> tracing.CurrentSpan | None:
         """The call's server span (the RPC conventions' name and attributes), child of the client's traceparent
         metadata where it sends one; None where not sampled."""
         attributes: dict[str, Any] = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": self.name}
         if (client := _client(context.peer())) is not None:
             attributes["client.address"], attributes["client.port"] = client
-        parent = tracing.parse_traceparent(metadata.get("traceparent"))
+        parents = [value for key, value in context.invocation_metadata() or () if key == "traceparent"]
+        parent = tracing.parse_traceparent(parents[0]) if len(parents) == 1 else None  # two are none, as in HTTP
         span = tracing.start_span(f"{SERVICE}/{self.name}", parent, SpanKind.SERVER, attributes)
         return tracing.CurrentSpan(span) if span.is_recording() else None
 

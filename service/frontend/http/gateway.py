@@ -244,9 +244,7 @@ class InferenceGateway:
         if refusal is not None:
             return await _send_error(scope, send, UnsupportedMediaType(refusal), headers)
         door = self.door
-        with tracing.span("admission") as admission_span:
-            admission = door.try_enter(length, name)
-            admission_span.set_attribute("bertserve.admitted", admission is not None)
+        admission = door.try_enter(length, name)
         if admission is None:
             return await _send_error(scope, send, door.overloaded(), headers)
         scope[SCOPE_ADMISSION] = admission

@@ -48,6 +48,14 @@ def test_a_valid_traceparent_is_read(header: str | bytes, sampled: bool) -> None
         f"00-{TRACE_ID[:-1]}-{SPAN_ID}-01",
         f"00-{TRACE_ID}-{SPAN_ID}-zz",
         "00-\udcff" * 3,
+        # what int(x, 16) reads but W3C's lower-case hex forbids: a trace the client never sent, continued
+        f"00-+{TRACE_ID[1:]}-{SPAN_ID}-01",
+        f"00-0x{TRACE_ID[2:]}-{SPAN_ID}-01",
+        f"00- {TRACE_ID[1:]}-{SPAN_ID}-01",
+        f"00-{TRACE_ID[:16]}_{TRACE_ID[17:]}-{SPAN_ID}-01",
+        f"00-{TRACE_ID}-+{SPAN_ID[1:]}-01",
+        f"00-{TRACE_ID}-{SPAN_ID}-+1",
+        f"0A-{TRACE_ID}-{SPAN_ID}-01",
     ],
 )
 def test_a_malformed_traceparent_starts_a_trace_of_its_own(header: str | None) -> None:
@@ -77,7 +85,10 @@ def test_the_protocol_follows_the_url_unless_named(endpoint: str, protocol: str)
     assert tracing.protocol_of(Settings(otlp_endpoint=endpoint, otlp_protocol="grpc")) == "grpc"
 
 
-@pytest.mark.parametrize("endpoint", ["collector:4317", "ftp://collector", "http://", "http://a b:4317"])
+@pytest.mark.parametrize(
+    "endpoint",
+    ["collector:4317", "ftp://collector", "http://", "http://a b:4317", "http://127.0.0.1:99999", "http://[::1"],
+)
 def test_an_endpoint_that_is_not_a_url_is_refused(endpoint: str) -> None:
     with pytest.raises(ValueError, match="is not an OTLP URL"):
         Settings(otlp_endpoint=endpoint)

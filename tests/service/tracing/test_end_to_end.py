@@ -204,8 +204,23 @@ def test_grpc_calls_have_server_spans(traced_server, receiver: OtlpReceiver) -> 
     assert server.kind == "SERVER" and server.parent_span_id == client_span
     assert server.attributes["rpc.system"] == "grpc" and server.attributes["rpc.method"] == "ModelInfer"
     assert server.attributes["rpc.grpc.status_code"] == 0
-    assert {"tokenize", "engine"} <= set(children(spans, server))
+    steps = children(spans, server)
+    assert {"admission", "tokenize", "engine"} <= set(steps), steps.keys()  # admission: as over HTTP
+    assert steps["admission"][0].attributes["bertserve.admitted"] is True
     assert not [s for s in spans if s.trace_id == trace_id and s.name.endswith("/ServerReady")]
+
+
+def test_two_traceparents_are_no_parent(traced_server, receiver: OtlpReceiver) -> None:
+    """W3C trace context's test suite: a request with two traceparent headers starts a trace of its own."""
+    first, second = client_trace(), client_trace()
+    headers = [("traceparent", first[2]), ("traceparent", second[2])]
+    with traced_server.client() as client:
+        answer = client.post(f"/v1/models/{CLASSIFIER}/classify", json={"inputs": ["two parents"]}, headers=headers)
+    assert answer.status_code == 200
+    trace_id = answer.headers["traceparent"].split("-")[1]
+    assert trace_id not in (first[0], second[0])
+    spans = receiver.wait_for(request_tree_complete(trace_id))
+    assert one(spans, "POST /v1/models/{name}/classify", trace_id=trace_id).parent_span_id is None
 
 
 def test_process_mode_carries_the_trace_across_the_engine_socket(
