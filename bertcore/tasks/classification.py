@@ -20,20 +20,40 @@ TextInput = str | tuple[str, str]
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
 
-def prepare(tokenizer: TextTokenizer, inputs: list[TextInput], max_length: int, truncate: bool) -> list[Row]:
+def prepare(
+    tokenizer: TextTokenizer,
+    inputs: list[TextInput],
+    max_length: int,
+    truncate: bool,
+    fields: Sequence[str] | None = None,
+) -> list[Row]:
+    """One row per text or pair; one longer than the window is cut to it (`truncate`) or refused: a TaskInputError
+    naming it as the request does (`fields`: each input's name, e.g. rerank's documents.N; else inputs.N)."""
     rows = []
     encodings = tokenizer.encode_ids_batch(inputs)  # a row is its ids: no token maps back to the text
     for index, (item, encoding) in enumerate(zip(inputs, encodings, strict=True)):
         text, pair = (item, None) if isinstance(item, str) else item
         if len(encoding.ids) > max_length:
             if not truncate:
+                field = f"inputs.{index}" if fields is None else fields[index]
+                what = f"input {index}" if fields is None else field
                 raise TaskInputError(
-                    f"input {index} is {len(encoding.ids)} tokens long; this model takes at most {max_length}",
-                    field=f"inputs.{index}",
+                    f"{what} is {len(encoding.ids)} tokens long; this model takes at most {max_length}", field=field
                 )
             encoding = tokenizer.encode(text, pair, max_length=max_length)[0]
         rows.append(Row.from_encoding(encoding))
     return rows
+
+
+def check_query(tokenizer: TextTokenizer, query: str, max_length: int) -> None:
+    """A rerank query whose own tokens leave no room for a document's first (its pair's [CLS] q [SEP] d [SEP] over
+    the window whatever the document): the query's fault, not each document's."""
+    (encoding,) = tokenizer.encode_ids_batch([query])  # [CLS] query [SEP]
+    if len(encoding.ids) + 2 > max_length:
+        raise TaskInputError(
+            f"the query is {len(encoding.ids)} tokens long; with a document, this model takes at most {max_length}",
+            field="query",
+        )
 
 
 def first_tokens(tokenizer: TextTokenizer, text: str, count: int) -> str:

@@ -50,14 +50,10 @@ def prepare(
     a TaskInputError naming `field`.N (the request's name for its texts: inputs, or OpenAI's input), or where
     `field` is a sequence, the name it gives text N (each text's own name in the request)."""
     inputs: list[classification.TextInput] = [*texts]
-    try:
+    if field == "inputs":
         return classification.prepare(tokenizer, inputs, max_length, truncate)
-    except TaskInputError as exc:
-        if exc.field is None or field == "inputs":
-            raise
-        if isinstance(field, str):
-            raise TaskInputError(str(exc), field=field + exc.field.removeprefix("inputs")) from None
-        raise TaskInputError(str(exc), field=field[int(exc.field.removeprefix("inputs."))]) from None
+    names = [f"{field}.{i}" for i in range(len(texts))] if isinstance(field, str) else field
+    return classification.prepare(tokenizer, inputs, max_length, truncate, names)
 
 
 def check_dimensions(dimensions: int | None, size: int) -> None:

@@ -131,7 +131,7 @@ class RequestPipeline:
             raise _not_a_cross_encoder(self.registry.lookup(name)) from None
         if model.config is None or not model.config.rerank:
             raise _not_a_cross_encoder(model)
-        self.check_count(len(documents))
+        self.check_count(len(documents), "documents")
         texts = [("query", query), *((f"documents.{i}", document) for i, document in enumerate(documents))]
         if max_tokens_per_doc is not None:
             self.check_texts(texts)  # before the documents are tokenized to be cut
@@ -140,7 +140,13 @@ class RequestPipeline:
                 lambda: [classification.first_tokens(tokenizer, text, max_tokens_per_doc) for text in documents]
             )
         pairs: list[classification.TextInput] = [(query, document) for document in documents]
-        outputs, timings = await self._classify_rows(model, pairs, texts, ticket)
+        try:
+            outputs, timings = await self._classify_rows(model, pairs, texts, ticket, [name for name, _ in texts[1:]])
+        except InvalidInput as exc:  # a pair over the window: the query's fault where it leaves a document no room
+            if exc.field is not None and exc.field.startswith("documents."):
+                tokenizer = model.loaded_tokenizer
+                self._check_task_options(lambda: classification.check_query(tokenizer, query, model.max_length))
+            raise
         with tracing.span("postprocess"):
             scores = classification.relevance_all([out["logits"] for out in outputs])
         return scores, timings
@@ -184,12 +190,18 @@ class RequestPipeline:
         return vectors, timings
 
     async def _classify_rows(
-        self, model: ServedModel, inputs: list[classification.TextInput], texts: list[tuple[str, str]], ticket: Ticket
+        self,
+        model: ServedModel,
+        inputs: list[classification.TextInput],
+        texts: list[tuple[str, str]],
+        ticket: Ticket,
+        names: Sequence[str] | None = None,
     ) -> tuple[list[Any], Timings]:
-        """Texts or pairs, checked (`texts`: each with the field that names it) and tokenized, through the engine."""
+        """Texts or pairs, checked (`texts`: each with the field that names it) and tokenized, through the engine;
+        `names`: each input's name for a refusal of its length (else inputs.N)."""
         tokenizer = model.loaded_tokenizer
         return await self._text_rows(
-            model, texts, ticket, lambda cut: classification.prepare(tokenizer, inputs, model.max_length, cut)
+            model, texts, ticket, lambda cut: classification.prepare(tokenizer, inputs, model.max_length, cut, names)
         )
 
     async def _text_rows(

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.errors import InvalidInput
 from service.frontend.http import schemas
 from service.frontend.http.json_answer import JsonAnswer
 from service.frontend.http.routes import AdapterRoute, admitted, json_body, parse_body, server_state, timing_headers
@@ -44,6 +45,7 @@ class HfTask:
     name: str  # the task's name in Hugging Face's task specs
     request: type[BaseModel]
     run: Run
+    parameters: str = "parameters."  # where its payload holds the parameters (feature-extraction: the top level)
 
 
 async def _text_classification(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[Any, Timings]:
@@ -110,7 +112,7 @@ TASKS = {
     "classification": HfTask("text-classification", schemas.HfClassificationRequest, _text_classification),
     "ner": HfTask("token-classification", schemas.HfTokenClassificationRequest, _token_classification),
     "qa": HfTask("question-answering", schemas.HfQuestionAnsweringRequest, _question_answering),
-    "embedding": HfTask("feature-extraction", schemas.HfFeatureExtractionRequest, _feature_extraction),
+    "embedding": HfTask("feature-extraction", schemas.HfFeatureExtractionRequest, _feature_extraction, ""),
 }
 # An embedding model's other task: its payload's `inputs` is an object (feature-extraction's is a text or a list).
 SENTENCE_SIMILARITY = HfTask("sentence-similarity", schemas.HfSentenceSimilarityRequest, _sentence_similarity)
@@ -136,8 +138,20 @@ async def serve(request: Request) -> Response:
     task = task_of(model.task, data)
     body = parse_body(task.request, data)
     async with admitted(request) as ticket:
-        result, timings = await task.run(server.pipeline, name, body, ticket)
+        try:
+            result, timings = await task.run(server.pipeline, name, body, ticket)
+        except InvalidInput as exc:
+            raise _named_in_the_payload(exc, task.parameters) from None
     return JsonAnswer(result, headers=timing_headers(timings, ticket))
+
+
+def _named_in_the_payload(exc: InvalidInput, parameters: str) -> InvalidInput:
+    """The task's refusal of a parameter names it where the task's payload has it (parameters.stride), as the
+    schema's own refusals do; a refusal of the inputs is named as it is."""
+    field = exc.field
+    if not parameters or field is None or field == "inputs" or field.startswith(("inputs.", parameters)):
+        return exc
+    return InvalidInput(exc.message, field=parameters + field)
 
 
 ROUTES = (

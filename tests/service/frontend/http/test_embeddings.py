@@ -363,7 +363,7 @@ def test_huggingface_hubs_feature_extraction(embed_server: Server, reference, se
         unknown = client.post(url, json={"inputs": "x", "prompt_name": "query"})
         nested = client.post(url, json={"inputs": "x", "parameters": {"normalize": True}})
     assert several.status_code == 200 and cosines(several.json(), want[:2]).min() >= COSINE
-    assert unknown.status_code == 422 and unknown.json()["field"] == "prompt_name", unknown.text
+    assert unknown.status_code == 422 and unknown.json()["field"] == "prompt_name", unknown.text  # top level here
     assert nested.status_code == 422 and nested.json()["field"] == "parameters"
 
 
@@ -414,7 +414,7 @@ SIMILARITY_ERRORS = [
     ({"source_sentence": "a film", "sentences": ["fine", "x" * 20_001]}, None, "inputs.sentences.1"),
     ({"source_sentence": "a film", "sentences": ["fine", "word " * 300]}, {"truncate": False}, "inputs.sentences.1"),
     ({"source_sentence": "a film", "sentences": ["x"] * 64}, None, "inputs.sentences"),  # 65 rows: the limit is 64
-    ({"source_sentence": "a film", "sentences": ["x"]}, {"prompt_name": "query"}, "prompt_name"),
+    ({"source_sentence": "a film", "sentences": ["x"]}, {"prompt_name": "query"}, "parameters.prompt_name"),
     ({"source_sentence": "a film", "sentences": ["x"]}, {"normalize": True}, "parameters.normalize"),
 ]
 

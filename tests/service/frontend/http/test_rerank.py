@@ -104,7 +104,7 @@ BAD_REQUESTS = [
         "priority",
     ),
     ("/v1/rerank", {"model": RERANK_MODEL, "query": "q", "documents": ["d"], "top_n": 0}, 422, "validation", "top_n"),
-    ("/v1/rerank", {"model": RERANK_MODEL, "query": "q", "documents": ["d"] * 65}, 422, "validation", "inputs"),
+    ("/v1/rerank", {"model": RERANK_MODEL, "query": "q", "documents": ["d"] * 65}, 422, "validation", "documents"),
     (
         "/v1/rerank",
         {"model": RERANK_MODEL, "query": "q", "documents": ["d", "x" * 20_001]},
@@ -128,6 +128,26 @@ def test_bad_requests_get_the_native_error_body(
     assert response.json()["error_type"] == error_type and response.json()["field"] == field, response.json()
     if error_type == "wrong_task":
         assert "cross-encoder" in response.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def refusing_server(tiny_repository, server_factory) -> Server:
+    return server_factory(tiny_repository, "--models", RERANK_MODEL, "--token-overflow", "error")
+
+
+def test_a_pair_over_the_window_is_named_as_the_request_names_it(refusing_server: Server) -> None:
+    """--token-overflow error: a long document is documents.N (it said inputs.N, a field rerank has not); a query
+    that leaves no document room is the query's fault (it blamed document 0)."""
+    long = "word " * 700
+    with refusing_server.client() as client:
+        document = client.post("/v1/rerank", json={"model": RERANK_MODEL, "query": "q", "documents": ["d", long]})
+        query = client.post("/v2/rerank", json={"model": RERANK_MODEL, "query": long, "documents": ["d", "e"]})
+        fine = client.post("/v2/rerank", json={"model": RERANK_MODEL, "query": "q", "documents": ["d", "e"]})
+    assert fine.status_code == 200
+    assert document.status_code == 422 and document.json()["field"] == "documents.1", document.text
+    assert document.json()["error"].startswith("documents.1 is ")
+    assert query.status_code == 422 and query.json()["field"] == "query", query.text
+    assert query.json()["error"].startswith("the query is ")
 
 
 def test_the_cohere_client_sees_the_error(tiny_server: Server) -> None:
