@@ -11,11 +11,12 @@ from typing import Any
 
 import torch
 
-from bertcore.messages import one_line
+from bertcore.messages import cut, one_line
 from export.architectures import ARCHITECTURES, Architecture, Task, supported_summary, task_of_architecture
 from export.embedding import (
     EmbeddingHead,
     SentenceEncoder,
+    check_dense_shapes,
     head_from_options,
     is_sentence_transformers,
     read_sentence_transformers,
@@ -29,6 +30,17 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+MIN_LENGTH = 8  # the shortest --max-length (validation's shortest case is 8 tokens)
+# Files a tokenizer is read from: tokenizer.json, or a family's vocabulary (WordPiece, BPE, SentencePiece).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "spm.model",
+    "tokenizer.model",
+)
 # Buffers that checkpoints need not carry; their absence is no sign of a missing head.
 NON_PERSISTENT_SUFFIXES = ("position_ids", "token_type_ids")
 
@@ -99,6 +111,7 @@ def load_checkpoint(
     resolved_task = _resolve_task(source, class_name, task, head)
     model = _load_model(source, local_dir, resolved_task)
     if head is not None:
+        check_dense_shapes(head, int(config.hidden_size))
         model = SentenceEncoder(model, head).eval()
     tokenizer = _load_tokenizer(source, local_dir)
     if head is not None and head.do_lower_case and not _lower_cases(tokenizer):
@@ -107,7 +120,14 @@ def load_checkpoint(
             "tokenizer.json alone, so it would not lower-case as sentence-transformers does"
         )
     if head is not None and max_length is None and head.max_seq_length is not None:
-        max_length = min(head.max_seq_length, _max_length(config, architecture, tokenizer, None))
+        longest = _max_length(config, architecture, tokenizer, None)
+        if head.max_seq_length < MIN_LENGTH:
+            where = Path(head.directory or str(local_dir)) / head.transformer_path / "sentence_bert_config.json"
+            raise ExportError(
+                f"{where}: max_seq_length {head.max_seq_length} is out of range: this model takes "
+                f"{MIN_LENGTH} to {longest} tokens"
+            )
+        max_length = min(head.max_seq_length, longest)
     if len(tokenizer) > config.vocab_size:
         raise ExportError(
             f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {config.vocab_size}: "
@@ -217,6 +237,12 @@ def _resolve_task(source: str, class_name: str, requested: str, head: EmbeddingH
                 "embeddings come from a base model (*Model) or a sentence-transformers directory"
             )
         return "embedding"
+    if detected is None and class_name and not _is_base_model(class_name):
+        raise ExportError(
+            f"{source} is a {class_name}: its head ({_head_of(class_name)}) is not one this server serves; export "
+            "a checkpoint with a sequence classification, token classification or question answering head, or its "
+            "encoder as an embedding model with --task embedding --pooling mean|cls|max [--normalize]"
+        )
     if detected is None:
         what = class_name or "a checkpoint with no 'architectures' entry"
         raise ExportError(
@@ -227,6 +253,19 @@ def _resolve_task(source: str, class_name: str, requested: str, head: EmbeddingH
     if requested not in ("auto", detected):
         raise ExportError(f"task mismatch: {source} is a {class_name} ({detected}) but --task {requested} was given")
     return detected
+
+
+def _is_base_model(class_name: str) -> bool:
+    """BertModel, XLMRobertaModel: an encoder alone; not BertForMaskedLM, BertLMHeadModel, BertForPreTraining."""
+    return class_name.endswith("Model") and "For" not in class_name and "Head" not in class_name
+
+
+def _head_of(class_name: str) -> str:
+    """BertForMultipleChoice -> 'MultipleChoice', BertLMHeadModel -> 'LMHeadModel': the head, as the class names it."""
+    if "For" in class_name:
+        return class_name[class_name.index("For") + 3 :]
+    match = re.search(r"[A-Z]+Head\w*$", class_name)
+    return match.group(0) if match else class_name
 
 
 def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
@@ -252,6 +291,7 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
             dtype=torch.float32,
             attn_implementation="eager",
             output_loading_info=True,
+            ignore_mismatched_sizes=True,  # reported below, tensor by tensor (transformers' own error says neither)
         )
     except Exception as exc:
         raise ExportError(f"could not load the weights of {source}: {one_line(exc)}") from exc
@@ -260,9 +300,16 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
         for k in info.get("missing_keys", ())
         if not k.endswith(NON_PERSISTENT_SUFFIXES) and not (task == "embedding" and k.startswith("pooler."))
     )
-    mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
-    if missing or mismatched:
-        shown = ", ".join((missing + mismatched)[:4])
+    mismatched = sorted(info.get("mismatched_keys", ()), key=str)
+    if mismatched:
+        shown = "; ".join(_mismatch(entry) for entry in mismatched[:3])
+        more = f" (and {len(mismatched) - 3} more)" if len(mismatched) > 3 else ""
+        raise ExportError(
+            f"config.json of {source} does not match its weights: {shown}{more}; "
+            "its labels or sizes (id2label, max_position_embeddings, ...) do not describe these weights"
+        )
+    if missing:
+        shown = ", ".join(missing[:4])
         raise ExportError(
             f"{source} lacks trained weights for part of the {task} model ({shown}): "
             "export a checkpoint fine-tuned for this task"
@@ -270,13 +317,31 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
     return model.eval()
 
 
+def _mismatch(entry: Any) -> str:
+    """transformers' (key, shape in the checkpoint, shape in the model config.json describes) as words."""
+    if isinstance(entry, (tuple, list)) and len(entry) == 3:
+        key, stored, expected = entry
+        return f"{key} is {list(stored)} in the weights but {list(expected)} by config.json"
+    return str(entry)
+
+
 def _load_tokenizer(source: str, local_dir: Path | None) -> Any:
     from transformers import AutoTokenizer
 
+    where = local_dir or source
+    no_tokenizer = (
+        f"no tokenizer in {where}: expected tokenizer.json (or the family's vocabulary files, e.g. vocab.txt)"
+    )
+    if local_dir is not None and not any((local_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise ExportError(no_tokenizer)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(local_dir or source))
-    except Exception as exc:
-        raise ExportError(f"could not load the tokenizer of {source}: {one_line(exc)}") from exc
+        tokenizer = AutoTokenizer.from_pretrained(str(where))
+    except Exception as exc:  # the whole message: transformers' first line can end in "from one of:"
+        reason = cut(" ".join(f"{type(exc).__name__}: {exc}".split()), 300)
+        raise ExportError(f"could not load the tokenizer of {source}: {reason}") from exc
+    # transformers 5 builds an empty tokenizer (special tokens only) where it finds no vocabulary to read
+    if set(tokenizer.get_vocab()) <= set(tokenizer.all_special_tokens):
+        raise ExportError(no_tokenizer)
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise ExportError(
             f"the tokenizer of {source} ({type(tokenizer).__name__}) has no fast (tokenizers) form; "
@@ -291,7 +356,21 @@ def _labels(config: Any, task: Task) -> list[str] | None:
     id2label = {int(k): str(v) for k, v in (config.id2label or {}).items()}
     if sorted(id2label) != list(range(config.num_labels)):
         raise ExportError(f"id2label does not cover labels 0..{config.num_labels - 1}: {id2label}")
-    return [id2label[i] for i in range(config.num_labels)]
+    labels = [id2label[i] for i in range(config.num_labels)]
+    empty = [i for i, label in enumerate(labels) if not label.strip()]
+    if empty:
+        raise ExportError(
+            f"id2label gives label {', '.join(map(str, empty))} an empty name: every label needs one (the server "
+            "answers with it)"
+        )
+    for label in dict.fromkeys(labels):
+        ids = [i for i, other in enumerate(labels) if other == label]
+        if len(ids) > 1:
+            raise ExportError(
+                f"id2label names label {cut(repr(label), 60)} more than once (ids {', '.join(map(str, ids))}): "
+                "labels must differ, or the server's answers cannot be told apart"
+            )
+    return labels
 
 
 def _problem_type(config: Any, task: Task) -> str | None:
@@ -324,7 +403,7 @@ def _max_length(config: Any, architecture: Architecture, tokenizer: Any, request
     default = min(positions, tokenizer_limit) if tokenizer_limit < 1_000_000 else positions
     if requested is None:
         return default
-    if not 8 <= requested <= positions:
+    if not MIN_LENGTH <= requested <= positions:
         raise ExportError(f"--max-length {requested} is out of range: this model takes 8 to {positions} tokens")
     return requested
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from bertcore.messages import one_line
@@ -16,6 +19,17 @@ question answering; or sentence embeddings: a sentence-transformers directory, o
 --pooling) to a validated, optimized ONNX model-repository entry.
 `python -m export demo` builds the demo repository instead, one model per task: small public fine-tuned
 checkpoints from the Hugging Face hub where it is reachable, else small random-weight models (it says so)."""
+
+
+def finite_points(text: str) -> float:
+    """--max-accuracy-loss: a finite number (NaN would refuse every variant, and neither it nor infinity is JSON)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of points") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of points")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,11 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
         "makes one from SQuAD)",
     )
     parser.add_argument(
-        "--eval-limit", type=int, default=None, help="use only the first N examples (embedding: queries) of --eval"
+        "--eval-limit",
+        type=int,
+        default=None,
+        help="use only the first N (1 or more) examples (embedding: queries) of --eval",
     )
     parser.add_argument(
         "--max-accuracy-loss",
-        type=float,
+        type=finite_points,
         default=0.5,
         help="points of accuracy (entity F1, SQuAD F1, embedding: recall@10) a variant may lose against fp32 on "
         "--eval data, or it is refused (default 0.5)",
@@ -92,9 +109,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM (docker stop, a pod deleted): raised in the main thread, it unwinds the export as Ctrl-C does, so
+    that the staging folder is removed and the repository is left as it was."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_libraries()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    try:
+        return _run(args)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _run(args: argparse.Namespace) -> int:
     progress = (lambda _: None) if args.quiet else (lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     notice = None
     try:
@@ -129,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     task=args.task,
                     variants=args.variants,
                     max_length=args.max_length,
-                    opset=args.opset or DEFAULT_OPSET,
+                    opset=DEFAULT_OPSET if args.opset is None else args.opset,
                     progress=progress,
                     eval_path=args.eval,
                     eval_limit=args.eval_limit,
@@ -145,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted; the repository was left as it was", file=sys.stderr)
         return 130
+    except Terminated:
+        print("error: terminated (SIGTERM); the repository was left as it was", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except Exception as exc:  # a bug or an environment problem: still one line, and a non-zero exit
         print(f"error: unexpected failure: {one_line(exc)}", file=sys.stderr)
         return 2

@@ -44,6 +44,7 @@ class DenseLayer:
     activation: str  # a key of ACTIVATIONS
     residual: torch.Tensor | None = None  # use_residual with in != out: the residual's projection [out, in]
     use_residual: bool = False
+    path: str = ""  # the module's folder, for messages
 
 
 @dataclass
@@ -138,22 +139,32 @@ def _json(path: Path) -> Any:
         raise ExportError(f"could not read {path}: {one_line(exc)}") from exc
 
 
+def _json_object(path: Path) -> dict[str, Any]:
+    config = _json(path)
+    if not isinstance(config, dict):
+        raise ExportError(f"{path} is not a JSON object (it is a {type(config).__name__})")
+    return config
+
+
 def _read_transformer(path: Path, head: EmbeddingHead) -> None:
     config_path = path / "sentence_bert_config.json"
-    config = _json(config_path) if config_path.is_file() else {}
+    config = _json_object(config_path) if config_path.is_file() else {}
     task = config.get("transformer_task", "feature-extraction")
     if task != "feature-extraction":
         raise ExportError(f"{config_path}: transformer_task {task!r} is not supported (feature-extraction is)")
     output = config.get("module_output_name", "token_embeddings")
     if output != "token_embeddings":
         raise ExportError(f"{config_path}: module_output_name {output!r}: the pooling needs token_embeddings")
-    if config.get("max_seq_length") is not None:
-        head.max_seq_length = int(config["max_seq_length"])
+    length = config.get("max_seq_length")
+    if length is not None:
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ExportError(f"{config_path}: max_seq_length {length!r} is not a positive whole number of tokens")
+        head.max_seq_length = length
     head.do_lower_case = bool(config.get("do_lower_case", False))
 
 
 def _read_pooling(path: Path) -> str:
-    config = _json(path / "config.json")
+    config = _json_object(path / "config.json")
     modes = config.get("pooling_mode")
     if modes is None:  # the legacy form: one boolean per mode, concatenated in this order where several are set
         legacy = {
@@ -176,7 +187,7 @@ def _read_pooling(path: Path) -> str:
 
 
 def _check_sentence_embedding(path: Path, kind: str) -> dict[str, Any]:
-    config = _json(path / "config.json") if (path / "config.json").is_file() else {}
+    config = _json_object(path / "config.json") if (path / "config.json").is_file() else {}
     for key in ("module_input_name", "module_output_name"):
         if config.get(key, "sentence_embedding") != "sentence_embedding":
             raise ExportError(f"{path}: a {kind} on {config[key]!r}: only one on the sentence embedding is supported")
@@ -197,10 +208,33 @@ def _read_dense(path: Path) -> DenseLayer:
         residual = weights["residual.weight"].float() if use_residual and weight.shape[0] != weight.shape[1] else None
     except KeyError as exc:
         raise ExportError(f"{path}: the Dense weights lack {exc}") from exc
-    expected = (int(config.get("out_features", weight.shape[0])), int(config.get("in_features", weight.shape[1])))
-    if tuple(weight.shape) != expected:
+    sizes = [config.get("out_features", weight.shape[0]), config.get("in_features", weight.shape[1])]
+    if not all(isinstance(size, int) and not isinstance(size, bool) for size in sizes):
+        raise ExportError(f"{path / 'config.json'}: in_features and out_features must be whole numbers, not {sizes}")
+    expected = (sizes[0], sizes[1])
+    if tuple(weight.shape) != expected or weight.dim() != 2:
         raise ExportError(f"{path}: Dense weight is {tuple(weight.shape)}, its config says {expected}")
-    return DenseLayer(weight, bias, name, residual, use_residual)
+    for part, tensor in (("bias", bias), ("residual.weight", residual)):
+        wanted = (expected[0],) if part == "bias" else expected
+        if tensor is not None and tuple(tensor.shape) != wanted:
+            raise ExportError(f"{path}: Dense {part} is {tuple(tensor.shape)}, its config says {wanted}")
+    return DenseLayer(weight, bias, name, residual, use_residual, str(path))
+
+
+def check_dense_shapes(head: EmbeddingHead, hidden_size: int) -> None:
+    """Before tracing: each Dense takes what comes before it (the pooled hidden size, then the previous Dense's)."""
+    width = hidden_size
+    for index, layer in enumerate(head.dense):
+        out_features, in_features = (int(size) for size in layer.weight.shape)
+        if in_features != width:
+            before = "the model's hidden size" if index == 0 else "the out_features of the Dense before it"
+            raise ExportError(
+                f"{Path(layer.path) / 'config.json'}: Dense in_features {in_features} does not match {before} "
+                f"({width}): this module does not belong to this encoder"
+            )
+        if layer.use_residual and layer.residual is None and in_features != out_features:
+            raise ExportError(f"{layer.path}: use_residual with in {in_features} != out {out_features} needs weights")
+        width = out_features
 
 
 def _dense_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -223,7 +257,7 @@ def _read_model_config(directory: Path, head: EmbeddingHead) -> None:
     path = directory / "config_sentence_transformers.json"
     if not path.is_file():
         return
-    config = _json(path)
+    config = _json_object(path)
     head.similarity = str(config.get("similarity_fn_name") or "cosine")
     prompts = config.get("prompts") or {}
     if isinstance(prompts, dict):

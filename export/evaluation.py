@@ -42,6 +42,7 @@ PRIMARY_METRIC = {"classification": "accuracy", "ner": "f1", "qa": "f1", "embedd
 FORMATS = {"classification": "text/label TSV", "ner": "CoNLL", "qa": "SQuAD JSON", "embedding": retrieval.FORMAT}
 AGREEMENT_OF = {"classification": "labels", "ner": "word tags", "qa": "answer spans", "embedding": "top-1 passages"}
 DEFAULT_MAX_LOSS = 0.5
+SQUAD_SHAPE = "data/paragraphs/context/qas/question/answers/text"
 BATCH_ROWS = 16
 QA_PARAMS = qa.QaParams()  # the server's defaults
 
@@ -100,24 +101,31 @@ def _read_tsv(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str | None,
     labels = checkpoint.labels or []
     examples = []
     with path.open(encoding="utf-8", newline="") as stream:
-        for number, row in enumerate(csv.reader(stream, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
-            if not any(cell.strip() for cell in row):
-                continue
-            if len(row) not in (2, 3):
-                raise ExportError(f"--eval {path} line {number}: expected text<TAB>label (or text<TAB>pair<TAB>label)")
-            label = _label_index(row[-1].strip(), labels)
-            if label is None:
-                if number == 1:
-                    continue  # a header
-                raise ExportError(f"--eval {path} line {number}: label {row[-1]!r} is not one of {labels} or 0..N-1")
-            examples.append((row[0].strip(), row[1].strip() if len(row) == 3 else None, label))
+        reader = csv.reader(stream, delimiter="\t", quoting=csv.QUOTE_NONE)
+        try:
+            for number, row in enumerate(reader, 1):
+                if not any(cell.strip() for cell in row):
+                    continue
+                if len(row) not in (2, 3):
+                    raise ExportError(
+                        f"--eval {path} line {number}: expected text<TAB>label (or text<TAB>pair<TAB>label)"
+                    )
+                label = _label_index(row[-1].strip(), labels)
+                if label is None:
+                    if number == 1:
+                        continue  # a header
+                    shown = cut(repr(row[-1]), 60)
+                    raise ExportError(f"--eval {path} line {number}: label {shown} is not one of {labels} or 0..N-1")
+                examples.append((row[0].strip(), row[1].strip() if len(row) == 3 else None, label))
+        except csv.Error as exc:  # a field over csv's limit (131,072 characters), a NUL byte...
+            raise ExportError(f"--eval {path} line {reader.line_num}: not a text<TAB>label line: {exc}") from exc
     return examples
 
 
 def _label_index(text: str, labels: list[str]) -> int | None:
     if text in labels:
         return labels.index(text)
-    if text.isdigit() and int(text) < len(labels):
+    if text.isascii() and text.isdigit() and int(text) < len(labels):  # not '²', which isdigit() takes
         return int(text)
     return None
 
@@ -126,6 +134,8 @@ def _read_conll(path: Path, checkpoint: Checkpoint) -> list[tuple[list[str], lis
     sentences: list[tuple[list[str], list[str]]] = []
     words: list[str] = []
     tags: list[str] = []
+    known = set(checkpoint.labels or [])
+    unknown: dict[str, int] = {}  # tag -> the first line it is on
     for number, line in enumerate([*path.read_text(encoding="utf-8").splitlines(), ""], 1):
         parts = line.split()
         if parts and parts[0] == "-DOCSTART-":
@@ -139,23 +149,49 @@ def _read_conll(path: Path, checkpoint: Checkpoint) -> list[tuple[list[str], lis
             raise ExportError(f"--eval {path} line {number}: expected `word TAG` (CoNLL), got {line!r}")
         words.append(parts[0])
         tags.append(parts[-1])
+        if parts[-1] not in known:
+            unknown.setdefault(parts[-1], number)
+    if unknown:  # as the TSV reader refuses labels the model does not have: scored, they would only be misses
+        shown = ", ".join(cut(tag, 30) for tag in list(unknown)[:5]) + (", ..." if len(unknown) > 5 else "")
+        first = min(unknown.values())
+        raise ExportError(
+            f"--eval {path}: {len(unknown)} tag(s) the model does not have ({shown}; first on line {first}); "
+            f"its tags: {', '.join(checkpoint.labels or [])}"
+        )
     return sentences
 
 
 def _read_squad(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str, list[str]]]:
     data = json.loads(path.read_text(encoding="utf-8"))
-    try:
-        return [
-            (qa["question"], paragraph["context"], [answer["text"] for answer in qa["answers"]])
-            for article in data["data"]
-            for paragraph in article["paragraphs"]
-            for qa in paragraph["qas"]
-            if qa.get("answers")
-        ]
-    except (KeyError, TypeError) as exc:
-        raise ExportError(
-            f"--eval {path}: not SQuAD JSON (data/paragraphs/context/qas/answers): missing {exc}"
-        ) from exc
+
+    def field_of(parent: Any, key: str, kind: type, where: str) -> Any:
+        """parent[key], which must be a `kind`; else an error naming the field, as data[0].paragraphs[1].qas[2]."""
+        if not isinstance(parent, dict):
+            raise ExportError(f"--eval {path}: {where or 'the file'} is not an object: not SQuAD JSON ({SQUAD_SHAPE})")
+        named = f"{where}.{key}" if where else key
+        if key not in parent:
+            raise ExportError(f"--eval {path}: {where or 'the file'} has no {key!r}: not SQuAD JSON ({SQUAD_SHAPE})")
+        value = parent[key]
+        if not isinstance(value, kind):
+            raise ExportError(
+                f"--eval {path}: {named} is {type(value).__name__}, not {kind.__name__}: not SQuAD JSON ({SQUAD_SHAPE})"
+            )
+        return value
+
+    examples = []
+    for a, article in enumerate(field_of(data, "data", list, "")):
+        for p, paragraph in enumerate(field_of(article, "paragraphs", list, f"data[{a}]")):
+            where = f"data[{a}].paragraphs[{p}]"
+            context = field_of(paragraph, "context", str, where)
+            for q, question in enumerate(field_of(paragraph, "qas", list, where)):
+                asked = f"{where}.qas[{q}]"
+                if isinstance(question, dict) and not question.get("answers"):
+                    continue  # unanswerable (SQuAD v2): not scored
+                text = field_of(question, "question", str, asked)
+                answers = field_of(question, "answers", list, asked)
+                golds = [field_of(answer, "text", str, f"{asked}.answers[{i}]") for i, answer in enumerate(answers)]
+                examples.append((text, context, golds))
+    return examples
 
 
 def _encode(path: Path, checkpoint: Checkpoint, examples: list) -> EvalSet:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -32,8 +33,8 @@ from export.evaluation import (
 )
 from export.flash_attention import rewrite_int8_attention
 from export.fusion import check_attention_fused, optimize, write_cpu_graph
-from export.graph import DEFAULT_OPSET, export_onnx
-from export.repository import check_name, staged_entry, write_config
+from export.graph import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, export_onnx
+from export.repository import check_name, check_target, staged_entry, write_config
 from export.validation import (
     FP32_TOLERANCE,
     Case,
@@ -101,9 +102,16 @@ def export_checkpoint(
     checkpoint (a sentence-transformers directory says its own)."""
     started = time.perf_counter()
     check_name(name)
+    check_target(repository, name, source)
     wanted = parse_variants(variants)
+    if not math.isfinite(max_accuracy_loss):
+        raise ExportError(f"--max-accuracy-loss {max_accuracy_loss:g} is not a finite number of points")
     if max_accuracy_loss < 0:
         raise ExportError(f"--max-accuracy-loss {max_accuracy_loss:g} is negative: it is the points a variant may lose")
+    if eval_limit is not None and eval_limit < 1:
+        raise ExportError(f"--eval-limit {eval_limit} is out of range: give the number of examples to use, 1 or more")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ExportError(f"--opset {opset} is out of range: {MIN_OPSET} to {MAX_OPSET} are supported")
     progress(f"loading {source}")
     checkpoint = load_checkpoint(source, task, max_length, pooling, normalize)
     eval_set = load_eval_set(eval_path, checkpoint, eval_limit) if eval_path is not None else None
@@ -140,14 +148,17 @@ def export_checkpoint(
                     )
             validation = _validate_variant(variant, path, checkpoint, cases, references, embedding_ref)
             if variant == "fp32" and not validation.passed:
+                if validation.reason:  # outputs not finite
+                    raise ExportError(f"{validation.reason}: the fp32 graph does not compute what PyTorch does")
                 if validation.max_abs_diff is not None and validation.max_abs_diff > FP32_TOLERANCE:
                     raise ExportError(
                         f"fp32 ONNX output differs from PyTorch by {validation.max_abs_diff:.3g} "
                         f"(tolerance {FP32_TOLERANCE:g}); see the cases: {validation.cases}"
                     )
                 raise ExportError(_cosine_refusal("fp32", validation))
-            if validation.passed is False:  # an embedding variant below its cosine bound
-                reason = _cosine_refusal(variant, validation)
+            if validation.passed is False:  # outputs not finite, or an embedding variant below its cosine bound
+                reason = f"{variant} refused: {validation.reason}" if validation.reason else None
+                reason = reason or _cosine_refusal(variant, validation)
                 progress(reason)
                 path.unlink()
                 refused_early[variant] = {"reason": reason, "validation": validation.to_dict()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,27 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_target(repository: Path, name: str, checkpoint: str | None = None) -> None:
+    """Before any work: REPOSITORY/NAME may be replaced only where it is absent or an export entry (a folder with
+    model.json), and never where it is, holds or lies inside the checkpoint folder (symlinks resolved)."""
+    target = repository / name
+    if checkpoint is not None and Path(checkpoint).expanduser().exists():
+        source, where = Path(checkpoint).expanduser().resolve(), target.resolve()
+        if where == source or source in where.parents or where in source.parents:
+            relation = "is" if where == source else "lies inside" if source in where.parents else "holds"
+            raise ExportError(
+                f"{target} {relation} the checkpoint folder {checkpoint}: the entry is not written over or into "
+                "its checkpoint; choose another --name or --repository"
+            )
+    if (target.exists() or target.is_symlink()) and not is_entry(target):
+        raise ExportError(f"{target} exists and is not an export entry: not replaced")
+
+
+def is_entry(path: Path) -> bool:
+    """A repository entry an export wrote: a folder (not a link to one) with model.json."""
+    return path.is_dir() and not path.is_symlink() and (path / MODEL_CONFIG).is_file()
+
+
 @contextmanager
 def staged_entry(repository: Path, name: str) -> Iterator[Path]:
     """Yield an empty staging folder; on success it replaces `repository/name`, on any failure it vanishes.
@@ -35,17 +57,23 @@ def staged_entry(repository: Path, name: str) -> Iterator[Path]:
     skips. The old entry is moved aside before the new one is renamed in, and put back if that rename fails.
     """
     created_repository = not repository.exists()
+    staging: Path | None = None
     try:
-        repository.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}.staging-", dir=repository))
-        staging.chmod(0o755)  # mkdtemp makes it private; the entry is read by the server, maybe as another user
-    except OSError as exc:
-        raise ExportError(f"cannot write to the model repository {repository}: {exc.strerror or exc}") from exc
-    try:
+        # Ctrl-C and SIGTERM wait while the folder is made and named, so that the clean-up below always knows it
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            repository.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{name}.staging-", dir=repository))
+            staging.chmod(0o755)  # mkdtemp makes it private; the entry is read by the server, maybe as another user
+        except OSError as exc:
+            raise ExportError(f"cannot write to the model repository {repository}: {exc.strerror or exc}") from exc
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
         yield staging
         _replace(staging, repository / name)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         if created_repository and repository.is_dir() and not any(repository.iterdir()):
             repository.rmdir()
         raise
@@ -53,6 +81,8 @@ def staged_entry(repository: Path, name: str) -> Iterator[Path]:
 
 def _replace(staging: Path, target: Path) -> None:
     retired = None
+    if (target.exists() or target.is_symlink()) and not is_entry(target):
+        raise ExportError(f"{target} exists and is not an export entry: not replaced")
     if target.exists():
         retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.retired-", dir=target.parent))
         retired.rmdir()

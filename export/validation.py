@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 
 from export.architectures import OUTPUT_NAMES, Task
 from export.checkpoint import Checkpoint
+from export.errors import ExportError
 from export.sample_text import CONTEXT, QUESTIONS, SENTENCES
 
 FP32_TOLERANCE = 1e-4
@@ -47,7 +49,17 @@ class Validation:
     embedding_reference: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _finite(asdict(self))  # model.json is JSON: no NaN or Infinity (a non-finite difference is None)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def build_cases(checkpoint: Checkpoint) -> list[Case]:
@@ -118,7 +130,29 @@ def reference_outputs(checkpoint: Checkpoint, cases: list[Case]) -> list[dict[st
             tensors = {name: torch.from_numpy(array) for name, array in case.inputs.items()}
             outputs = checkpoint.model(**tensors, return_dict=True)
             results.append({name: outputs[name].float().numpy() for name in names})
+    bad, total, kinds = non_finite_rows(checkpoint.task, cases, results)
+    if bad:
+        raise ExportError(
+            f"the checkpoint's outputs are not finite ({kinds}) on {bad} of {total} inputs: corrupt weights?"
+        )
     return results
+
+
+def non_finite_rows(task: Task, cases: list[Case], outputs: list[dict[str, np.ndarray]]) -> tuple[int, int, str]:
+    """How many input rows have a NaN or infinite output (on their real tokens, for per-token outputs), of how
+    many; and which of NaN, inf were seen."""
+    bad, total = 0, 0
+    kinds: set[str] = set()
+    for case, produced in zip(cases, outputs, strict=True):
+        mask = case.inputs["attention_mask"].astype(bool)
+        for row in range(len(mask)):
+            total += 1
+            values = [v[row][mask[row]] if task not in PER_ROW_TASKS else v[row] for v in produced.values()]
+            if all(np.isfinite(v).all() for v in values):
+                continue
+            bad += 1
+            kinds.update(k for v in values for k, f in (("NaN", np.isnan), ("inf", np.isinf)) if f(v).any())
+    return bad, total, ", ".join(sorted(kinds))
 
 
 def create_session(path: str, provider: str) -> ort.InferenceSession:
@@ -138,28 +172,37 @@ def validate(
     names = OUTPUT_NAMES[checkpoint.task]
     report = Validation(variant=variant, validated=True, provider=session.get_providers()[0], tolerance=tolerance)
     agree_total, count_total, worst = 0, 0, 0.0
+    all_produced = []
     for case, reference in zip(cases, references, strict=True):
         produced = dict(zip(names, session.run(list(names), case.inputs), strict=True))
+        all_produced.append(produced)
         mask = case.inputs["attention_mask"].astype(bool)
         diff = max_abs_diff(checkpoint.task, reference, produced, mask)
         agree, count, unit = agreement(checkpoint.task, checkpoint.problem_type, reference, produced, mask)
         report.cases.append({"name": case.name, "shape": case.shape, "max_abs_diff": diff, "agreement": agree / count})
-        worst = max(worst, diff)
+        worst = _larger(worst, diff)
         agree_total += agree
         count_total += count
         report.agreement_of = unit
-    report.batch_invariance_max_abs_diff = max(
-        (
-            batch_invariance(session, names, case, checkpoint.task not in PER_ROW_TASKS)
-            for case in cases
-            if case.shape[0] > 1
-        ),
-        default=None,
-    )
+    invariance = [
+        batch_invariance(session, names, case, checkpoint.task not in PER_ROW_TASKS)
+        for case in cases
+        if case.shape[0] > 1
+    ]
+    report.batch_invariance_max_abs_diff = functools.reduce(_larger, invariance) if invariance else None
     report.max_abs_diff = worst
     report.agreement = agree_total / count_total
     report.passed = worst <= tolerance if tolerance is not None else None
+    bad, total, kinds = non_finite_rows(checkpoint.task, cases, all_produced)
+    if bad:
+        report.passed = False
+        report.reason = f"{variant} outputs are not finite ({kinds}) on {bad} of {total} inputs"
     return report
+
+
+def _larger(a: float, b: float) -> float:
+    """max() where NaN wins (Python's max(0.0, nan) is 0.0): a NaN difference is the worst there is."""
+    return a if np.isnan(a) or a >= b else b
 
 
 def batch_invariance(session: ort.InferenceSession, names: tuple[str, ...], case: Case, per_token: bool) -> float:
@@ -171,7 +214,7 @@ def batch_invariance(session: ort.InferenceSession, names: tuple[str, ...], case
         alone = session.run(list(names), {name: array[row : row + 1, real] for name, array in case.inputs.items()})
         for together, single in zip(batched, alone, strict=True):
             mine = together[row : row + 1, real] if per_token else together[row : row + 1]
-            worst = max(worst, float(np.max(np.abs(mine.astype(np.float64) - single.astype(np.float64)))))
+            worst = _larger(worst, float(np.max(np.abs(mine.astype(np.float64) - single.astype(np.float64)))))
     return worst
 
 
@@ -181,7 +224,7 @@ def max_abs_diff(task: Task, reference: dict, produced: dict, mask: np.ndarray) 
         got = produced[name]
         if task not in PER_ROW_TASKS:  # per-token outputs: padded positions carry no answer
             expected, got = expected[mask], got[mask]
-        worst = max(worst, float(np.max(np.abs(expected.astype(np.float64) - got.astype(np.float64)))))
+        worst = _larger(worst, float(np.max(np.abs(expected.astype(np.float64) - got.astype(np.float64)))))
     return worst
 
 

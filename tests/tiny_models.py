@@ -80,6 +80,11 @@ def wordpiece_tokenizer(input_names: list[str]) -> PreTrainedTokenizerFast:
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
     tokenizer.decoder = decoders.WordPiece()
+    return with_bert_specials(tokenizer, model_max_length=MAX_POSITIONS, model_input_names=input_names)
+
+
+def with_bert_specials(tokenizer: Tokenizer, **options: Any) -> PreTrainedTokenizerFast:
+    """`tokenizer` as transformers' fast tokenizer, with BERT's special tokens named."""
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         unk_token="[UNK]",
@@ -87,8 +92,7 @@ def wordpiece_tokenizer(input_names: list[str]) -> PreTrainedTokenizerFast:
         cls_token="[CLS]",
         sep_token="[SEP]",
         mask_token="[MASK]",
-        model_max_length=MAX_POSITIONS,
-        model_input_names=input_names,
+        **options,
     )
 
 

@@ -14,7 +14,7 @@ import transformers
 
 from export.cli import main
 from tests.harness.environment import offline_env
-from tests.tiny_models import make_config, make_tokenizer
+from tests.tiny_models import make_config, make_tokenizer, with_bert_specials
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,13 +68,57 @@ def broken_checkpoints(tiny: Path, tmp_path: Path) -> dict[str, Path]:
     tokenizer.save_pretrained(str(base))
     no_weights = copy_checkpoint(tiny, tmp_path / "no-weights")
     (no_weights / "model.safetensors").unlink()
+    no_tokenizer = copy_checkpoint(tiny, tmp_path / "no-tokenizer")
+    (no_tokenizer / "tokenizer.json").unlink()
+    (no_tokenizer / "tokenizer_config.json").unlink()
+    config_only = copy_checkpoint(tiny, tmp_path / "tokenizer-config-only")
+    (config_only / "tokenizer.json").unlink()
+    specials_only = copy_checkpoint(tiny, tmp_path / "specials-only")
+    _specials_only_tokenizer().save_pretrained(str(specials_only))
+    multiple_choice = copy_checkpoint(tiny, tmp_path / "multiple-choice")
+    _edit_config(multiple_choice, lambda config: config.update(architectures=["BertForMultipleChoice"]))
+    masked_lm = copy_checkpoint(tiny, tmp_path / "masked-lm")
+    _edit_config(masked_lm, lambda config: config.update(architectures=["BertForMaskedLM"]))
+    duplicate_labels = copy_checkpoint(tiny, tmp_path / "duplicate-labels")
+    _edit_config(duplicate_labels, lambda config: config.update(id2label={"0": "pos", "1": "pos", "2": "neg"}))
+    empty_label = copy_checkpoint(tiny, tmp_path / "empty-label")
+    _edit_config(empty_label, lambda config: config.update(id2label={"0": "pos", "1": " ", "2": "neg"}))
+    two_labels = copy_checkpoint(tiny, tmp_path / "two-labels")  # no id2label: 2 labels, for a 3-label head
+    _edit_config(two_labels, lambda config: [config.pop("id2label"), config.pop("label2id")])
+    positions = copy_checkpoint(tiny, tmp_path / "positions")
+    _edit_config(positions, lambda config: config.update(max_position_embeddings=512))
     return {
+        "multiple-choice": multiple_choice,
+        "masked-lm": masked_lm,
+        "duplicate-labels": duplicate_labels,
+        "empty-label": empty_label,
+        "two-labels": two_labels,
+        "positions": positions,
         "corrupt": corrupt,
         "truncated": truncated,
         "unsupported": unsupported,
         "base": base,
         "no-weights": no_weights,
+        "no-tokenizer": no_tokenizer,
+        "tokenizer-config-only": config_only,
+        "specials-only": specials_only,
     }
+
+
+def _edit_config(checkpoint: Path, edit) -> None:
+    config = json.loads((checkpoint / "config.json").read_text())
+    edit(config)
+    (checkpoint / "config.json").write_text(json.dumps(config))
+
+
+def _specials_only_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A tokenizer.json that loads but knows nothing but its special tokens, as transformers 5 builds one from a
+    folder with no vocabulary."""
+    from tokenizers import Tokenizer, models
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece({token: i for i, token in enumerate(specials)}, unk_token="[UNK]"))
+    return with_bert_specials(tokenizer)
 
 
 CASES = [
@@ -83,6 +127,15 @@ CASES = [
     ("corrupt", [], "could not load the weights"),
     ("no-weights", [], "has no weights"),
     ("truncated", [], "could not load the tokenizer"),
+    ("no-tokenizer", [], "no tokenizer in "),
+    ("tokenizer-config-only", [], "expected tokenizer.json (or the family's vocabulary files, e.g. vocab.txt)"),
+    ("specials-only", [], "no tokenizer in "),
+    ("multiple-choice", [], "is a BertForMultipleChoice: its head (MultipleChoice) is not one this server serves;"),
+    ("masked-lm", [], "is a BertForMaskedLM: its head (MaskedLM) is not one this server serves; export a"),
+    ("duplicate-labels", [], "id2label names label 'pos' more than once (ids 0, 1): labels must differ"),
+    ("empty-label", [], "id2label gives label 1 an empty name"),
+    ("two-labels", [], "does not match its weights: classifier.bias is [3] in the weights but [2] by config.json;"),
+    ("positions", [], "bert.embeddings.position_embeddings.weight is [64, 32] in the weights but [512, 32] by"),
     (
         "unsupported",
         [],
@@ -96,6 +149,9 @@ CASES = [
     ("tiny", ["--variants", "fp32,fp8"], "unknown variant(s) fp8"),
     ("tiny", ["--max-length", "100000"], "--max-length 100000 is out of range"),
     ("tiny", ["--opset", "9"], "--opset 9 is out of range"),
+    ("tiny", ["--opset", "0"], "--opset 0 is out of range: 14 to 20 are supported"),
+    ("tiny", ["--eval-limit", "-2"], "--eval-limit -2 is out of range: give the number of examples to use, 1 or more"),
+    ("tiny", ["--eval-limit", "0"], "--eval-limit 0 is out of range"),
 ]
 
 
@@ -179,3 +235,46 @@ def test_command_line_end_to_end(tiny_checkpoint, tmp_path: Path) -> None:
     assert errors == [done.stderr.strip().splitlines()[-1]]  # progress lines, then one reason
     assert errors[0].startswith("error: could not load the weights") and "Traceback" not in done.stderr
     assert (tmp_path / "models" / "albert-qa" / "model.json").is_file()
+
+
+def test_sigterm_mid_export_leaves_the_repository_as_it_was(tiny_checkpoint, tmp_path: Path) -> None:
+    """docker stop, a pod deleted: SIGTERM while the staging folder is being written removes it, as Ctrl-C does."""
+    import signal
+    import time
+
+    checkpoint = tiny_checkpoint("bert", "classification", hidden_size=256, num_hidden_layers=6, intermediate_size=1024)
+    repository = tmp_path / "models"
+    (repository / "m").mkdir(parents=True)
+    (repository / "m" / "model.json").write_text("{}")
+    before = snapshot(repository)
+    command = [sys.executable, "-m", "export", str(checkpoint), "--name", "m", "--repository", str(repository)]
+    process = subprocess.Popen(
+        [*command, "--variants", "fp32,int8"], cwd=ROOT, env=offline_env(), stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not list(repository.glob(".m.staging-*")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, "the export ended before its staging folder was seen"
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143, (err, snapshot(repository))
+    assert err.strip().splitlines()[-1] == "error: terminated (SIGTERM); the repository was left as it was"
+    assert "Traceback" not in err
+    assert snapshot(repository) == before, err
+
+
+@pytest.mark.parametrize("points", ["nan", "inf", "-inf", "NaN"])
+def test_max_accuracy_loss_must_be_finite(tiny_checkpoint, tmp_path: Path, capsys, points: str) -> None:
+    """NaN would refuse every variant (and model.json would hold a bare NaN, which is not JSON); inf is no budget."""
+    args = [str(tiny_checkpoint("bert", "classification")), "--name", "m", "--repository", str(tmp_path / "models")]
+    with pytest.raises(SystemExit) as exited:
+        main([*args, f"--max-accuracy-loss={points}"])
+    assert exited.value.code == 2  # as argparse refuses any other bad flag
+    assert f"argument --max-accuracy-loss: {points!r} is not a finite number of points" in capsys.readouterr().err
+    assert not (tmp_path / "models").exists()
+    from export.errors import ExportError
+    from export.pipeline import export_checkpoint
+
+    with pytest.raises(ExportError, match="is not a finite number of points"):
+        export_checkpoint(args[0], "m", tmp_path / "models", max_accuracy_loss=float(points))
+    assert not (tmp_path / "models").exists()

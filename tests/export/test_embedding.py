@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+import torch
 
 from bertcore.model_config import ModelConfig
 from export.cli import main
@@ -435,3 +436,58 @@ def test_without_sentence_transformers_the_reference_is_the_pytorch_module(check
     assert without.source == "PyTorch (sentence-transformers is not installed)"
     assert with_it.source.startswith("sentence-transformers ") and without.texts == with_it.texts
     assert cosine_rows(without.vectors, with_it.vectors).min() >= FP32_BOUND
+
+
+def broken_file(checkpoint: Path, tmp_path: Path, kind: str) -> Path:
+    """A copy of a sentence-transformers directory with one file its export cannot take."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = shutil.copytree(checkpoint, tmp_path / f"{kind}-st")
+    settings = copy / "sentence_bert_config.json"
+    if kind == "pooling-list":
+        pooling = copy / "1_Pooling" / "config.json"
+        pooling.write_text(json.dumps([json.loads(pooling.read_text())]))
+    elif kind in ("length-word", "length-zero"):
+        value = "long" if kind == "length-word" else 0
+        settings.write_text(json.dumps({**json.loads(settings.read_text()), "max_seq_length": value}))
+    elif kind == "dense-in":  # a Dense of 64 inputs after a 32-wide encoder
+        dense = copy / "2_Dense"
+        config = json.loads((dense / "config.json").read_text())
+        (dense / "config.json").write_text(json.dumps({**config, "in_features": 64}))
+        weights = load_file(str(dense / "model.safetensors"))
+        weights["linear.weight"] = torch.randn(config["out_features"], 64)
+        save_file(weights, str(dense / "model.safetensors"))
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("pooling-list", "1_Pooling/config.json is not a JSON object (it is a list)"),
+        ("length-word", "sentence_bert_config.json: max_seq_length 'long' is not a positive whole number of tokens"),
+        ("length-zero", "sentence_bert_config.json: max_seq_length 0 is not a positive whole number of tokens"),
+        ("dense-in", "2_Dense/config.json: Dense in_features 64 does not match the model's hidden size (32)"),
+    ],
+)
+def test_a_broken_sentence_transformers_file_is_named(
+    checkpoints, tmp_path: Path, capsys, kind: str, message: str
+) -> None:
+    source = broken_file(checkpoints["bert-st"], tmp_path, kind)
+    code = main([str(source), "--name", "x", "--repository", str(tmp_path / "repository"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err.startswith("error: ") and "\n" not in err, err
+    assert message in err, err
+    assert not (tmp_path / "repository").exists()
+
+
+def test_a_max_seq_length_under_eight_names_the_file(checkpoints, tmp_path: Path, capsys) -> None:
+    """Not '--max-length 4 is out of range': the user gave no --max-length."""
+    source = broken_file(checkpoints["bert-st"], tmp_path, "short")
+    settings = source / "sentence_bert_config.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "max_seq_length": 4}))
+    code = main([str(source), "--name", "x", "--repository", str(tmp_path / "repository"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.startswith(f"error: {settings.resolve()}: max_seq_length 4 is out of range: this model takes 8 to ")

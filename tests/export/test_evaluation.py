@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,14 +159,32 @@ def test_qa_eval_reads_squad_json(tiny_checkpoint, tmp_path: Path) -> None:
         ("ner", "Peter B-PER\nBerlin\n", "line 2: expected `word TAG`"),
         ("qa", '{"version": "1.1"}', "not SQuAD JSON"),
         ("qa", "{not json", "cannot read it as SQuAD JSON"),
+        ("qa", '{"data": 5}', "data is int, not list: not SQuAD JSON"),
+        (
+            "qa",
+            '{"data": [{"paragraphs": [{"context": "c", "qas": [{"question": "q?", "answers": [{"start": 0}]}]}]}]}',
+            "data[0].paragraphs[0].qas[0].answers[0] has no 'text': not SQuAD JSON",
+        ),
+        ("qa", '{"data": [{"paragraphs": [{"qas": []}]}]}', "data[0].paragraphs[0] has no 'context'"),
         ("ner", "-DOCSTART- O\n\n", "has no examples"),
+        (
+            "ner",
+            "John NNP B-PERSON\nlives VBZ O\nin IN O\nParis NNP B-CITY\n\n",
+            "2 tag(s) the model does not have (B-PERSON, B-CITY; first on line 1); its tags: O, B-PER, I-PER, B-LOC",
+        ),
+        ("classification", "sentence\tlabel\ngreat\t\u00b2\n", "line 2: label '\u00b2' is not one of"),  # isdigit()
+        (
+            "classification",
+            "word " * 30_000 + "\tpositive\nok\tnegative\n",
+            "line 1: not a text<TAB>label line: field larger than field limit",
+        ),
     ],
 )
 def test_bad_eval_data_is_a_clear_error(tiny_checkpoint, tmp_path: Path, task: str, content: str, message: str):
     data = tmp_path / "data"
     data.write_text(content)
     checkpoint = load_checkpoint(str(tiny_checkpoint("bert", task)))
-    with pytest.raises(ExportError, match=message.replace("(", r"\(")):
+    with pytest.raises(ExportError, match=re.escape(message)):
         load_eval_set(data, checkpoint)
 
 
