@@ -565,20 +565,20 @@ TYPO_SIMILARITY = 0.85  # BERTSERVE_API_KEY against BERTSERVE_API_KEYS: 0.97; BE
 def unknown_variables(environ: Mapping[str, str]) -> tuple[str | None, list[str]]:
     """BERTSERVE_* variables that set nothing, which pydantic-settings passes over in silence: (a refusal, for one
     that looks like a misspelt setting, BERTSERVE_API_KEY for BERTSERVE_API_KEYS would serve with no key; warnings,
-    for the others)."""
+    for the others). Names in any case, as pydantic-settings reads them (bertserve_api_keys is a setting)."""
     names = [f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields]
     unknown = sorted(
         name
         for name in environ
-        if name.startswith(ENV_PREFIX)
-        and name not in names
-        and name not in OTHER_VARIABLES
+        if name.upper().startswith(ENV_PREFIX)
+        and name.upper() not in names
+        and name.upper() not in OTHER_VARIABLES
         and not SERVICE_LINK.fullmatch(name)
         and not (name.endswith("_PORT") and SERVICE_ADDRESS.fullmatch(environ[name]))
     )
     warnings = []
     for name in unknown:
-        close = difflib.get_close_matches(name, names, n=1, cutoff=TYPO_SIMILARITY)
+        close = difflib.get_close_matches(name.upper(), names, n=1, cutoff=TYPO_SIMILARITY)
         if close:
             return f"{name} is not a setting; did you mean {close[0]}? (unset it or correct its name)", []
         warnings.append(f"{name[:100]} is not a setting and is ignored (python -m service --help lists them)")

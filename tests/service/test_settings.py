@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.settings import Settings, settings_from_cli
+from service.settings import Settings, settings_from_cli, unknown_variables
 from tests.service.conftest import run_service
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +30,19 @@ def test_lists_from_the_environment_are_comma_separated_or_json(monkeypatch) -> 
     assert Settings().models == ["single"]
     monkeypatch.setenv("BERTSERVE_MODELS", '["c", "d"]')  # as the launcher hands a list on
     assert Settings().models == ["c", "d"]
+
+
+def test_unknown_variables_are_judged_in_any_case_as_pydantic_settings_reads_them() -> None:
+    """bertserve_api_keys is a setting (pydantic-settings ignores the case), bertserve_api_key a misspelt one."""
+    assert unknown_variables({"bertserve_api_keys": "x", "Bertserve_Port": "1", "BERTSERVE_MODELS_DIR": "m"}) == (
+        None,
+        [],
+    )
+    refusal, _ = unknown_variables({"bertserve_api_key": "x"})
+    assert refusal is not None and refusal.startswith("bertserve_api_key is not a setting; did you mean ")
+    assert unknown_variables({"BERTSERVE_COLOUR": "blue"})[1] == [
+        "BERTSERVE_COLOUR is not a setting and is ignored (python -m service --help lists them)"
+    ]
 
 
 def test_a_short_deadline_alone_shortens_the_default_queue_bound() -> None:
