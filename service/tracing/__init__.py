@@ -160,14 +160,23 @@ def parse_traceparent(value: str | bytes | None) -> SpanContext | None:
     version, trace_hex, span_hex, flags_hex = parts[:4]
     # lower-case hex digits only: int(x, 16) also reads "+7...", "0x7...", " 7..." and "7_7...", and would continue
     # a trace the client never sent
-    if not (HEX_2.fullmatch(version) and HEX_32.fullmatch(trace_hex) and HEX_16.fullmatch(span_hex)):
-        return None
-    if not HEX_2.fullmatch(flags_hex):
+    if not (
+        HEX_2.fullmatch(version)
+        and HEX_32.fullmatch(trace_hex)
+        and HEX_16.fullmatch(span_hex)
+        and HEX_2.fullmatch(flags_hex)
+    ):
         return None
     trace_id, span_id, flags = int(trace_hex, 16), int(span_hex, 16), int(flags_hex, 16)
     if trace_id == 0 or span_id == 0:
         return None
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 0x01))
+
+
+def client_parent(values: Sequence[str | bytes]) -> SpanContext | None:
+    """The parent a request's `traceparent` headers (HTTP) or metadata entries (gRPC) give: the one, where it is well
+    formed; none for none or several (W3C trace context's test suite starts a trace of its own for two)."""
+    return parse_traceparent(values[0]) if len(values) == 1 else None
 
 
 def set_error(span: trace.Span, error_type: str, status: int, message: str | None = None) -> None:

@@ -237,8 +237,7 @@ class Call:
         if (client := _client(context.peer())) is not None:
             attributes["client.address"], attributes["client.port"] = client
         parents = [value for key, value in context.invocation_metadata() or () if key == "traceparent"]
-        parent = tracing.parse_traceparent(parents[0]) if len(parents) == 1 else None  # two are none, as in HTTP
-        span = tracing.start_span(f"{SERVICE}/{self.name}", parent, SpanKind.SERVER, attributes)
+        span = tracing.start_span(f"{SERVICE}/{self.name}", tracing.client_parent(parents), SpanKind.SERVER, attributes)
         return tracing.CurrentSpan(span) if span.is_recording() else None
 
     @staticmethod

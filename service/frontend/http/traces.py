@@ -49,15 +49,14 @@ def start(scope: MutableMapping[str, Any], route: str | None) -> ServerSpan | No
     then), where tracing is on and the request is sampled; else None."""
     if not tracing.ENABLED or scope["path"] in UNTRACED_PATHS:
         return None
-    parent = None
+    parents: list[bytes] = []
     user_agent = None
-    parents = 0
     for name, value in scope["headers"]:
         if name == TRACEPARENT:
-            parents += 1  # two are no parent: W3C trace context's test suite starts a trace of its own
-            parent = tracing.parse_traceparent(value) if parents == 1 else None
+            parents.append(value)
         elif name == b"user-agent":
             user_agent = value.decode("latin-1")
+    parent = tracing.client_parent(parents)
     method = scope["method"]
     attributes: dict[str, Any] = {
         "http.request.method": method,

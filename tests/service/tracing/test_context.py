@@ -161,3 +161,12 @@ def test_a_global_provider_gets_no_spans_from_the_framework() -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "0", result.stdout
+
+
+def test_one_traceparent_is_a_parent_none_or_two_are_none() -> None:
+    """HTTP's headers and gRPC's metadata alike: two are no parent (W3C trace context's test suite)."""
+    header = f"00-{TRACE_ID}-{SPAN_ID}-01"
+    assert tracing.client_parent([]) is None
+    assert tracing.client_parent([header]) == tracing.parse_traceparent(header) is not None
+    assert tracing.client_parent([header.encode()]) == tracing.parse_traceparent(header)
+    assert tracing.client_parent([header, header]) is None
