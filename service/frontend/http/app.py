@@ -161,7 +161,7 @@ def create_app(
     if settings.docs == "on":
         install_docs(app, app.title)
     app.add_middleware(AdmissionMiddleware, door=server.door)
-    app.add_middleware(JsonOnlyMiddleware)
+    app.add_middleware(JsonOnlyMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=server.metrics, known_models=lambda: set(server.registry.models))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if keys.enabled:

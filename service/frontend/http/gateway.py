@@ -11,7 +11,8 @@ the one error body, headers, the access line and the metrics.
 
 The order, as the middleware stack had it: the request id; the API key (401, not counted in the request metrics);
 the body limit by Content-Length (413, not counted); then, counted and timed: JSON only (415), admission (429,
-before the body is read), the body (read here, bounded: 413), the endpoint and its errors.
+before the body is read), the body (read here, bounded: 413; decoded where it is gzip or deflate, bounded again:
+`content_coding`), the endpoint and its errors.
 
 Every error has one body, {error, error_type, field}, and one mapping of domain errors to statuses
 (`service.errors`, `service.frontend.http.errors`); a path that speaks another API's error shape (OpenAI's
@@ -33,8 +34,8 @@ from starlette.responses import Response
 from service import tracing
 from service.errors import CLIENT_CLOSED, PayloadTooLarge, ServiceError, UnsupportedMediaType
 from service.frontend.admission import SCOPE_ADMISSION, Door
+from service.frontend.http import content_coding, traces
 from service.frontend.http import errors as http_errors
-from service.frontend.http import traces
 from service.frontend.http.auth import ApiKeys, bearer_token, unauthorized
 from service.frontend.http.middleware import SCOPE_MODEL, endpoint_label, json_only_refusal
 from service.frontend.http.state import ServerState
@@ -243,8 +244,9 @@ class InferenceGateway:
         refusal = json_only_refusal(scope)
         if refusal is not None:
             return await _send_error(scope, send, UnsupportedMediaType(refusal), headers)
+        coding = content_coding.body_coding(scope["headers"])
         door = self.door
-        admission = door.try_enter(length, name)
+        admission = door.try_enter(length if coding is None else None, name)  # a coded body's size says little
         if admission is None:
             return await _send_error(scope, send, door.overloaded(), headers)
         scope[SCOPE_ADMISSION] = admission
@@ -256,6 +258,12 @@ class InferenceGateway:
                     status = body_or_status
                     return status
                 body = body_or_status
+            if coding is not None:
+                try:
+                    body = content_coding.decoded(body, coding, self.max_bytes)
+                except ServiceError as exc:
+                    status = await _send_error(scope, send, exc, headers)
+                    return status
             if name is not None:
                 scope["path_params"] = {"name": name}
             request = Request(scope, receive)

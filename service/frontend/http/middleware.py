@@ -14,9 +14,9 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from service import tracing
-from service.errors import PayloadTooLarge, UnsupportedMediaType
+from service.errors import PayloadTooLarge, ServiceError, UnsupportedMediaType
 from service.frontend.admission import SCOPE_ADMISSION, Door
-from service.frontend.http import traces
+from service.frontend.http import content_coding, traces
 from service.frontend.http.errors import OPENAI_EMBEDDINGS_PATH, error_response, send_error
 from service.logs import (
     REQUEST_ID,
@@ -108,11 +108,13 @@ class HeadAsGetMiddleware:
 
 class JsonOnlyMiddleware:
     """415 for an inference request whose body says it is not JSON (a form, text): the usual mistake is curl -d
-    without a Content-Type header, and without this it is a puzzling 422. No Content-Type at all reads as JSON; so
-    does a body with Triton's binary tensor data (its JSON part's length in Inference-Header-Content-Length)."""
+        without a Content-Type header, and without this it is a puzzling 422. No Content-Type at all reads as JSON; so
+        does a body with Triton's binary tensor data (its JSON part's length in Inference-Header-Content-Length). A
+    body in gzip or deflate is decoded here (`content_coding`), within the body limit, for the app behind."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
+        self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST" and is_inference(scope.get("path", "")):
@@ -120,13 +122,43 @@ class JsonOnlyMiddleware:
             if refusal is not None:
                 await send_error(send, UnsupportedMediaType(refusal))
                 return
+            coding = content_coding.body_coding(scope.get("headers") or [])
+            if coding is not None:
+                await self._decoded(scope, receive, send, coding)
+                return
         await self.app(scope, receive, send)
+
+    async def _decoded(self, scope: Scope, receive: Callable, send: Callable, coding: bytes) -> None:
+        """The app, given the body decoded (gzip or deflate; bounded by the body limit, as the gateway's)."""
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before the body was in
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        try:
+            body = content_coding.decoded(b"".join(chunks), coding, self.max_bytes)
+        except ServiceError as exc:
+            await send_error(send, exc)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect, when it comes
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
 
 
 def json_only_refusal(scope: Scope) -> str | None:
     """Why an inference request's body is refused as not JSON (415), or None where it is JSON (or says nothing).
-    A body in a content coding (gzip, br...) is refused too, as RFC 9110 says of a coding the server does not
-    take: read as it came, a gzip body was "not valid JSON", and a plain body that said gzip was served."""
+    A body in a content coding other than gzip and deflate (`content_coding`) is refused too, as RFC 9110 says of a
+    coding the server does not take."""
     declared = None
     binary = False
     for name, value in scope.get("headers") or ():
@@ -134,9 +166,10 @@ def json_only_refusal(scope: Scope) -> str | None:
             declared = value
         elif name == b"inference-header-content-length":
             binary = True
-        elif name == b"content-encoding" and value.strip().lower() not in (b"identity", b""):
-            shown = value.decode("latin-1")[:40]
-            return f"the body must not be compressed (Content-Encoding: {shown}): send it as it is"
+        elif name == b"content-encoding":
+            coding = value.strip().lower()
+            if coding not in content_coding.IDENTITY and (refused := content_coding.refusal(coding)) is not None:
+                return refused
     if binary:
         return None  # Triton's binary tensor data: JSON, then bytes
     media = declared.split(b";")[0].strip().lower() if declared is not None else b"application/json"

@@ -52,6 +52,12 @@ def test_tritonclient_every_task(oip_server) -> None:
     result = client.infer("bert-classification", [texts("text", TEXTS)], parameters={"top_k": 3}, request_id="grpc-1")
     assert result.get_response().id == "grpc-1"
     labels, scores = result.as_numpy("label"), result.as_numpy("score")
+    for algorithm in ("gzip", "deflate"):  # tritonclient's compression_algorithm: grpcio decodes the message
+        compressed = client.infer(
+            "bert-classification", [texts("text", TEXTS)], parameters={"top_k": 3}, compression_algorithm=algorithm
+        )
+        assert compressed.as_numpy("label").tolist() == labels.tolist()
+        assert compressed.as_numpy("score").tolist() == scores.tolist()
     assert labels.shape == scores.shape == (2, 3)
     expected = native(oip_server, "/v1/models/bert-classification/classify", {"inputs": TEXTS, "top_k": 3})
     for row, want in enumerate(expected):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -219,20 +220,67 @@ BAD_REQUESTS = [
         "unsupported_media_type",
         None,
     ),
-    # a content coding: a gzip body was "not valid JSON", and a plain one that said gzip was served
+    # a content coding: one not taken is a 415 (a gzip body was once "not valid JSON"); gzip or deflate data that
+    # are not, or stop short, or have bytes after them, a 400; a plain body that says gzip is not served as it is
     *[
         (
             "POST",
             "/v1/models/bert-classification/classify",
             {"content": body, "headers": {"content-type": "application/json", "content-encoding": coding}},
-            415,
-            "unsupported_media_type",
+            status,
+            error_type,
             None,
         )
-        for body, coding in ((gzip.compress(b'{"inputs": ["x"]}'), "gzip"), (b'{"inputs": ["x"]}', "br"))
+        for body, coding, status, error_type in (
+            (b'{"inputs": ["x"]}', "br", 415, "unsupported_media_type"),
+            (b'{"inputs": ["x"]}', "gzip, gzip", 415, "unsupported_media_type"),
+            (b'{"inputs": ["x"]}', "gzip", 400, "bad_request"),
+            (gzip.compress(b'{"inputs": ["x"]}')[:-6], "gzip", 400, "bad_request"),
+            (zlib.compress(b'{"inputs": ["x"]}') + b"junk", "deflate", 400, "bad_request"),
+            (gzip.compress(b'{"inputs": ["x"]}') + b"junk", "gzip", 400, "bad_request"),
+            (gzip.compress(b'{"inputs": ["x"]}'), "deflate", 400, "bad_request"),
+        )
     ],
     ("POST", "/v1/models/bert-classification/classify", {"content": b"[" * 100_000}, 400, "bad_request", None),
+    # 3 KB of gzip that decode past the body limit: a 413, not 3 MB in memory
+    (
+        "POST",
+        "/v1/models/bert-classification/classify",
+        {
+            "content": gzip.compress(b'{"inputs": ["' + b"a" * 3_000_000 + b'"]}'),
+            "headers": {"content-type": "application/json", "content-encoding": "gzip"},
+        },
+        413,
+        "payload_too_large",
+        None,
+    ),
 ]
+
+
+@pytest.mark.parametrize(
+    ("coding", "compress"),
+    [
+        ("gzip", gzip.compress),
+        ("x-gzip", gzip.compress),
+        ("GZip", lambda data: gzip.compress(data[:9]) + gzip.compress(data[9:])),  # two members: one body
+        ("deflate", zlib.compress),
+        ("identity", lambda data: data),
+    ],
+)
+def test_a_compressed_body_is_answered_as_the_plain_one(tiny_server, coding: str, compress) -> None:
+    """Content-Encoding gzip or deflate (as Triton takes them), on the native and the Hugging Face task routes."""
+    requests = [
+        ("/v1/models/bert-classification/classify", b'{"inputs": ["a gorgeous movie", "dull"], "top_k": 2}'),
+        ("/v1/models/bert-ner", b'{"inputs": "Peter met Maria in Paris."}'),
+    ]
+    with tiny_server.client() as client:
+        for path, body in requests:
+            plain = client.post(path, content=body, headers={"content-type": "application/json"})
+            coded = client.post(
+                path, content=compress(body), headers={"content-type": "application/json", "content-encoding": coding}
+            )
+            assert plain.status_code == coded.status_code == 200, coded.text
+            assert coded.json() == plain.json()
 
 
 @pytest.mark.parametrize(("method", "path", "kwargs", "status", "error_type", "field"), BAD_REQUESTS)

@@ -4,6 +4,7 @@ allow-list is set, then Starlette's CORS with the one error body."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import re
 from html.parser import HTMLParser
 
@@ -56,13 +57,15 @@ def test_docs_pages_load_nothing_from_another_host(tiny_server, page: str) -> No
         assert '"validatorUrl": null' in html  # Swagger UI would send the schema to validator.swagger.io
 
 
-def call(app, method: str, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
+def call(
+    app, method: str, path: str, headers: dict[str, str] | None = None, content: bytes | None = None
+) -> httpx.Response:
     """One request to the app in this process (its routes need no model)."""
 
     async def run() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bertserve") as client:
-            return await client.request(method, path, headers=headers)
+            return await client.request(method, path, headers=headers, content=content)
 
     return asyncio.run(run())
 
@@ -128,3 +131,19 @@ def test_origins_that_could_never_match_are_refused(origin: str) -> None:
         ORIGIN,
         "http://localhost:3000",
     ]
+
+
+def test_a_cors_request_decodes_a_compressed_body_as_the_gateway_does() -> None:
+    """A request with an Origin goes down the middleware stack (for the CORS headers): its gzip body is decoded
+    there too, within the body limit, and bad data are the same 400."""
+    app = create_app(Settings(cors_allow_origins=[ORIGIN], max_body_bytes=2_048))
+    headers = {"Origin": ORIGIN, "content-type": "application/json", "content-encoding": "gzip"}
+    path = "/v1/models/absent/classify"
+    response = call(app, "POST", path, headers, gzip.compress(b'{"inputs": ["x"]}'))
+    assert response.status_code == 404 and response.json()["error_type"] == "not_found", response.text
+    assert response.headers["access-control-allow-origin"] == ORIGIN
+    response = call(app, "POST", path, headers, gzip.compress(b'{"inputs": ["' + b"a" * 5_000 + b'"]}'))
+    assert response.status_code == 413 and response.json()["error_type"] == "payload_too_large"
+    response = call(app, "POST", path, headers, b'{"inputs": ["x"]}')
+    assert response.status_code == 400 and "not valid gzip data" in response.json()["error"]
+    assert response.headers["access-control-allow-origin"] == ORIGIN

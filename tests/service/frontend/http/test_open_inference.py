@@ -73,6 +73,23 @@ def test_classification_answers_as_the_native_api(oip_server, binary: bool) -> N
         assert np.allclose(scores[row], [item["score"] for item in want], atol=1e-6)
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclients_compressed_requests_are_answered_as_plain_ones(oip_server, algorithm: str) -> None:
+    """tritonclient's request_compression_algorithm (Content-Encoding: gzip or deflate; binary tensor data, whose
+    header length counts the JSON before compression): the plain request's answer. It was a 415."""
+    client = httpclient.InferenceServerClient(url=oip_server.http_url)
+
+    def infer(**compression: str) -> tuple[np.ndarray, np.ndarray]:
+        result = client.infer(
+            "bert-classification", [texts("text", TEXTS, binary=True)], parameters={"top_k": 2}, **compression
+        )
+        return result.as_numpy("label"), result.as_numpy("score")
+
+    plain_labels, plain_scores = infer()
+    labels, scores = infer(request_compression_algorithm=algorithm, response_compression_algorithm=algorithm)
+    assert labels.tolist() == plain_labels.tolist() and scores.tolist() == plain_scores.tolist()
+
+
 def test_classification_default_outputs_are_the_best_label(oip_server) -> None:
     """No outputs named: tritonclient asks for every output in binary; top_k defaults to 1."""
     client = httpclient.InferenceServerClient(url=oip_server.http_url)
