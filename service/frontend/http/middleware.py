@@ -108,8 +108,8 @@ class HeadAsGetMiddleware:
 
 class JsonOnlyMiddleware:
     """415 for an inference request whose body says it is not JSON (a form, text): the usual mistake is curl -d
-        without a Content-Type header, and without this it is a puzzling 422. No Content-Type at all reads as JSON; so
-        does a body with Triton's binary tensor data (its JSON part's length in Inference-Header-Content-Length). A
+    without a Content-Type header, and without this it is a puzzling 422. No Content-Type at all reads as JSON; so
+    does a body with Triton's binary tensor data (its JSON part's length in Inference-Header-Content-Length). A
     body in gzip or deflate is decoded here (`content_coding`), within the body limit, for the app behind."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
