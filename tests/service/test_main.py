@@ -4,6 +4,7 @@ misspelt setting, a warning otherwise; `--drain-timeout-s` bounds a stop whateve
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -80,20 +81,50 @@ def test_another_unknown_variable_is_a_warning_and_service_links_and_comma_lists
     assert len(warnings) == 1 and "BERTSERVE_COLOUR is not a setting and is ignored" in warnings[0], done.stderr
 
 
-def test_a_drain_timeout_under_a_second_bounds_the_stop(tiny_repository: Path, server_factory) -> None:
+@pytest.mark.parametrize("lane", ["gateway", "cors"])
+def test_a_drain_timeout_under_a_second_bounds_the_stop(tiny_repository: Path, server_factory, lane: str) -> None:
     """`int(drain_timeout_s) or None` made 0 and 0.5 s no bound at all: an upload that stalls held the stop for the
-    body timeout (60 s)."""
-    flags = ("--models", MODEL, "--engine-mode", "in-process", "--drain-timeout-s", "0.5")
+    body timeout (60 s). The request that the drain's end cuts short is answered a 503 in the error body, its access
+    line says so, and the log has no traceback: it was a plain-text 500 and "Exception in ASGI application". A
+    request from a page (an Origin, CORS on) goes down the middleware stack: the same there."""
+    origin = "https://app.example.com"
+    flags = (
+        "--models",
+        MODEL,
+        "--engine-mode",
+        "in-process",
+        "--drain-timeout-s",
+        "0.5",
+        "--cors-allow-origins",
+        origin,
+    )
     server = server_factory(tiny_repository, *flags)
     host, port = server.url.removeprefix("http://").split(":")
+    origin_line = f"origin: {origin}\r\n" if lane == "cors" else ""
     with socket.create_connection((host, int(port))) as stalled:
         stalled.sendall(
             f"POST /v1/models/{MODEL}/classify HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"x-request-id: cut-{lane}\r\n{origin_line}"
             'content-length: 1000\r\n\r\n{"inputs": '.encode()
         )
         time.sleep(0.5)  # the request is in the app, waiting for the rest of its body
         signalled = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
+        stalled.settimeout(10)
+        answer = b""
+        while chunk := stalled.recv(65536):
+            answer += chunk
         code = server.process.wait(timeout=30)
     assert time.monotonic() - signalled < 5
     assert code == 0
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), answer
+    assert json.loads(body) == {
+        "error": "the server stopped before answering: its drain (--drain-timeout-s 0.5) ended first",
+        "error_type": "unavailable",
+        "field": None,
+    }
+    assert b"x-request-id: cut-" + lane.encode() in head.lower() and b"retry-after: 1" in head.lower()
+    log = server.log()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+    assert f'"POST /v1/models/{MODEL}/classify" 503' in log

@@ -22,6 +22,7 @@ embeddings: `{"error": {message, type, param, code}}`) has that body rendered in
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -37,7 +38,7 @@ from service.frontend.admission import SCOPE_ADMISSION, Door
 from service.frontend.http import content_coding, traces
 from service.frontend.http import errors as http_errors
 from service.frontend.http.auth import ApiKeys, bearer_token, unauthorized
-from service.frontend.http.middleware import SCOPE_MODEL, endpoint_label, json_only_refusal
+from service.frontend.http.middleware import SCOPE_MODEL, drain_cut, endpoint_label, json_only_refusal
 from service.frontend.http.state import ServerState
 from service.logs import (
     REQUEST_ID,
@@ -251,6 +252,7 @@ class InferenceGateway:
             return await _send_error(scope, send, door.overloaded(), headers)
         scope[SCOPE_ADMISSION] = admission
         status = 500
+        answering = False
         try:
             if body is None:
                 body_or_status = await self._bounded_body(scope, receive, send, headers)
@@ -274,7 +276,14 @@ class InferenceGateway:
                 response = await http_errors.error_response_for(request, exc)
             response.raw_headers.extend(headers)
             status = response.status_code
+            answering = True
             await response(scope, receive, send)
+            return status
+        except asyncio.CancelledError:
+            cut = drain_cut(scope) if not answering else None
+            if cut is None:
+                raise
+            status = await _send_error(scope, send, cut, headers)
             return status
         finally:
             admission.leave(completed=200 <= status < 300)

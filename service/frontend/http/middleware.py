@@ -3,9 +3,10 @@ with the one error body."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette import types
@@ -14,7 +15,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from service import tracing
-from service.errors import PayloadTooLarge, ServiceError, UnsupportedMediaType
+from service.errors import NotReady, PayloadTooLarge, ServiceError, UnsupportedMediaType
 from service.frontend.admission import SCOPE_ADMISSION, Door
 from service.frontend.http import content_coding, traces
 from service.frontend.http.errors import OPENAI_EMBEDDINGS_PATH, error_response, send_error
@@ -44,6 +45,20 @@ V2_INFER_ENDPOINT = "v2-infer"  # the request metrics' endpoint label of POST /v
 RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank"})
 MODEL_IN_BODY_PATHS = RERANK_PATHS | {OPENAI_EMBEDDINGS_PATH}
 SCOPE_MODEL = "bertserve.model"
+
+
+def drain_cut(scope: Mapping[str, Any]) -> NotReady | None:
+    """The answer to a request whose task was cancelled because the drain ended (uvicorn cancels what still runs
+    --drain-timeout-s after a SIGTERM): a 503 in the one error body, where the client got a plain-text 500 and the
+    log a traceback. None where the server is not draining: the cancellation is someone else's, to re-raise."""
+    server = getattr(getattr(scope.get("app"), "state", None), "server", None)
+    if server is None or not server.draining:
+        return None
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()  # handled: the answer below is written, and the task ends as it would have
+    seconds = server.settings.drain_timeout_s
+    return NotReady(f"the server stopped before answering: its drain (--drain-timeout-s {seconds:g}) ended first")
 
 
 class StatusRecorder:
@@ -356,17 +371,24 @@ class RequestContextMiddleware:
         replaced = {name for name, _ in added}
         started = time.perf_counter()
         status = 500  # what the client gets if the app raises before answering (uvicorn's 500)
+        answering = False
 
         async def send_with_id(message: types.Message) -> None:
-            nonlocal status
+            nonlocal status, answering
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, answering = message["status"], True
                 headers = [h for h in message.get("headers", ()) if h[0].lower() not in replaced]
                 message = {**message, "headers": [*headers, *added]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            cut = drain_cut(scope) if not answering else None
+            if cut is None:
+                raise
+            scope[traces.SCOPE_ERROR_TYPE] = type(cut).__name__
+            await send_error(send_with_id, cut)
         finally:
             status = scope.get(SCOPE_STATUS, status)
             if access_log.isEnabledFor(logging.INFO):
