@@ -52,6 +52,18 @@ from service.settings import Settings
 from service.wire.ticket import Ticket
 
 log = logging.getLogger("service.frontend.grpc")
+
+
+class ClientMetadataNoise(logging.Filter):
+    """Drops grpc's "Invalid encoding on b'...'" ERROR and its traceback: a client's metadata value that is not
+    UTF-8 (grpc hands it over as bytes, and this server reads it as such: a key that is not valid is a 401, a
+    request id is replaced), which any client could otherwise write into the log at will, a traceback a call."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith("Invalid encoding on"))
+
+
+logging.getLogger("grpc._cython.cygrpc").addFilter(ClientMetadataNoise())
 SERVICE = "inference.GRPCInferenceService"
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # the probes: open as /livez and /readyz are
 INFER_ENDPOINT = "grpc-infer"  # the request metrics' endpoint label
@@ -186,11 +198,11 @@ class Call:
         (INVALID_ARGUMENT), counted and logged as any other, not grpc's UNKNOWN and a traceback."""
         started = time.perf_counter()
         request: Any = None
-        metadata = {key: value for key, value in context.invocation_metadata() or ()}
-        raw_id = metadata.get("x-request-id")
+        pairs = tuple(context.invocation_metadata() or ())  # read once: grpc decodes the values at each read
+        raw_id = next((value for key, value in pairs if key == "x-request-id"), None)
         request_id = request_id_from(raw_id.encode("latin-1", "replace") if isinstance(raw_id, str) else raw_id)
         REQUEST_ID.set(request_id)  # the call has a task of its own
-        span = self._span(context) if tracing.ENABLED and self.name not in OPEN_METHODS else None
+        span = self._span(context, pairs) if tracing.ENABLED and self.name not in OPEN_METHODS else None
         initial: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
         if span is not None:
             initial += (("traceparent", tracing.traceparent(span.span.get_span_context())),)
@@ -198,9 +210,9 @@ class Call:
         status = 500
         error_type: str | None = None
         try:
+            if self.needs_key:  # before the message is read: an anonymous client's bytes are not parsed
+                self._authorize([value for key, value in pairs if key == "authorization"])
             request = self._read(message)
-            if self.needs_key:
-                self._authorize(metadata.get("authorization"))
             response = await self.method(request, context)
             status = 200
             return response
@@ -230,13 +242,13 @@ class Call:
             name = self.request_type.DESCRIPTOR.full_name
             raise BadRequest(f"the request's bytes do not read as a protobuf {name}") from None
 
-    def _span(self, context: grpc.aio.ServicerContext) -> tracing.CurrentSpan | None:
+    def _span(self, context: grpc.aio.ServicerContext, pairs: tuple[Any, ...]) -> tracing.CurrentSpan | None:
         """The call's server span (the RPC conventions' name and attributes), child of the client's traceparent
         metadata where it sends one; None where not sampled."""
         attributes: dict[str, Any] = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": self.name}
         if (client := _client(context.peer())) is not None:
             attributes["client.address"], attributes["client.port"] = client
-        parents = [value for key, value in context.invocation_metadata() or () if key == "traceparent"]
+        parents = [value for key, value in pairs if key == "traceparent"]
         span = tracing.start_span(f"{SERVICE}/{self.name}", tracing.client_parent(parents), SpanKind.SERVER, attributes)
         return tracing.CurrentSpan(span) if span.is_recording() else None
 
@@ -247,12 +259,16 @@ class Call:
             tracing.set_error(span.span, error_type, status)  # ERROR where the server is at fault (5xx)
         span.end()
 
-    def _authorize(self, header: str | bytes | None) -> None:
-        if header is None:
+    def _authorize(self, values: list[str | bytes]) -> None:
+        """The call's `authorization` metadata: one, a bearer token that is a key (two are none, as over HTTP)."""
+        if not values:
             raise Unauthorized("this server needs an API key: send the metadata authorization: Bearer KEY")
+        header = values[0]
         text = header.decode("latin-1") if isinstance(header, bytes) else header
         scheme, _, token = text.strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip() or not self.keys.verify(token.strip().encode("latin-1")):
+        # utf-8: a value grpc read as text may hold any character (latin-1 raised on "€": INTERNAL, a traceback)
+        valid = len(values) == 1 and scheme.lower() == "bearer" and token.strip()
+        if not valid or not self.keys.verify(token.strip().encode("utf-8", "surrogatepass")):
             raise Unauthorized("the API key is not valid")
 
     def _record(self, request: Any, context: grpc.aio.ServicerContext, status: int, seconds: float, rid: str) -> None:

@@ -152,11 +152,18 @@ class ApiKeys:
 
 
 def bearer_token(scope: Scope) -> bytes | None:
+    """The request's bearer token; None where it sends none; b"" (no key's) where it sends two Authorization
+    headers: which one counts would be a proxy's guess (gRPC's metadata was read last-wins, HTTP first-wins)."""
+    found = None
     for name, value in scope["headers"]:
         if name == b"authorization":
-            scheme, _, token = value.strip().partition(b" ")
-            return token.strip() if scheme.lower() == b"bearer" and token.strip() else None
-    return None
+            if found is not None:
+                return b""
+            found = value
+    if found is None:
+        return None
+    scheme, _, token = found.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" and token.strip() else None
 
 
 def unauthorized(token: bytes | None) -> Unauthorized:

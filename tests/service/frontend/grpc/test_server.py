@@ -5,6 +5,7 @@ serving; process mode's front-ends all serve it on one port."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import struct
 import time
@@ -19,6 +20,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from service.errors import Unauthorized
+from service.frontend.grpc.server import Call
+from service.frontend.http.auth import ApiKeys
 from tests.harness.serving import free_port
 from tests.service.conftest import run_service, wait_for
 from tests.service.frontend.conftest import API_KEY
@@ -224,6 +228,18 @@ def test_keys_are_required_but_not_by_the_probes(strict_oip_server) -> None:
                     call(request, metadata=metadata, timeout=10)
                 assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert stub.ModelMetadata(pb.ModelMetadataRequest(name="bert-qa"), metadata=AUTH, timeout=10).name == "bert-qa"
+        # two authorization entries are no key, whichever comes first (the last one counted: a wrong key then the
+        # right one was served), as over HTTP
+        wrong = ("authorization", "Bearer not-the-key-at-all-000")
+        for metadata in ((wrong, *AUTH), (*AUTH, wrong), (*AUTH, *AUTH)):
+            with pytest.raises(grpc.RpcError) as error:
+                stub.ModelInfer(GOOD, metadata=metadata, timeout=10)
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # the key before the message: an anonymous client's bytes are not parsed (they were: INVALID_ARGUMENT)
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")  # bytes in, bytes out
+        with pytest.raises(grpc.RpcError) as error:
+            call(b"\xff\xff not protobuf", timeout=10)
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with strict_oip_server.http.client() as client:
         assert client.get("/v2/health/ready").status_code == 200
         assert client.get("/v2/models/bert-qa").status_code == 401
@@ -347,3 +363,30 @@ def test_tritonclients_priority_is_taken_and_its_timeout_bounds_the_request(oip_
     with pytest.raises(InferenceServerException) as error:
         client.infer("bert-qa", long, timeout=1)
     assert error.value.status() == "StatusCode.DEADLINE_EXCEEDED", error.value
+
+
+def test_an_authorization_of_any_characters_is_unauthenticated_not_internal() -> None:
+    """grpc hands a metadata value over as text where it reads as UTF-8: "Bearer €..." made the key's latin-1
+    encoding raise (INTERNAL, a traceback in the log); as bytes where it does not (e-acute in latin-1)."""
+    keys = ApiKeys([API_KEY])
+    call = Call("ModelInfer", None, pb.ModelInferRequest, keys, None)  # type: ignore[arg-type]
+    for value in (
+        f"Bearer \u20ac{API_KEY}",
+        f"Bearer {API_KEY}\u20ac",
+        b"Bearer \xe9" + API_KEY.encode(),
+        "Bearer \ud800",
+    ):
+        with pytest.raises(Unauthorized, match="the API key is not valid"):
+            call._authorize([value])
+    call._authorize([f"Bearer {API_KEY}"])
+    call._authorize([f"Bearer {API_KEY}".encode()])
+
+
+def test_metadata_that_is_not_utf8_leaves_no_traceback_in_the_log(caplog) -> None:
+    """grpc logs "Invalid encoding on b'...'" with a traceback, at ERROR, for each read of such a value: a client
+    could fill the log at will. The record is dropped; the value still reaches the server as bytes."""
+    logger = logging.getLogger("grpc._cython.cygrpc")
+    with caplog.at_level(logging.INFO):
+        logger.error("Invalid encoding on %s", b"Bearer \xe9", exc_info=(ValueError, ValueError("x"), None))
+        logger.error("another grpc error")
+    assert [record.getMessage() for record in caplog.records] == ["another grpc error"]

@@ -205,6 +205,11 @@ def test_every_path_but_the_probes_needs_a_key(keyed_server) -> None:
             assert_unauthorized(client.post(CLASSIFY, json={"inputs": ["ok"]}, headers={"Authorization": header}), True)
         for header in (KEY_A, f"Basic {KEY_A}", f"Token {KEY_A}", "Bearer", f"{KEY_A} Bearer"):
             assert_unauthorized(client.get("/v1/models", headers={"Authorization": header}), invalid=False)
+        # two Authorization headers are no key, whichever comes first (the first one counted, gRPC's last)
+        for pair in ((f"Bearer {KEY_A}", "Bearer x"), ("Bearer x", f"Bearer {KEY_A}"), (f"Bearer {KEY_A}",) * 2):
+            headers = [("Authorization", value) for value in pair]
+            assert_unauthorized(client.post(CLASSIFY, json={"inputs": ["ok"]}, headers=headers), True)
+            assert_unauthorized(client.get("/v1/models", headers=headers), True)
         for key in (KEY_A, KEY_B):  # the setting's key and the file's
             auth = {"Authorization": f"Bearer {key}"}
             answer = client.post(CLASSIFY, json={"inputs": ["fine"]}, headers=auth)
