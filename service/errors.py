@@ -78,6 +78,13 @@ class UnsupportedMediaType(ServiceError):
     error_type = "unsupported_media_type"
 
 
+class UnknownTransferCoding(ServiceError):
+    """A Transfer-Encoding other than chunked (RFC 9112 6.1: 501 for a transfer coding the server does not know)."""
+
+    status_code = 501
+    error_type = "not_implemented"
+
+
 class InvalidInput(ServiceError):
     """The request is well-formed JSON of the right shape, but an input cannot be served (422)."""
 

@@ -22,6 +22,7 @@ CODE_OF_STATUS = {
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     CLIENT_CLOSED: grpc.StatusCode.CANCELLED,  # the client cancelled
     500: grpc.StatusCode.INTERNAL,
+    501: grpc.StatusCode.UNIMPLEMENTED,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }

@@ -22,12 +22,13 @@ TAKEN = "gzip, deflate or none"
 
 
 def body_coding(headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    """The request body's coding, lower case (None where it has none, or `identity`)."""
-    for name, value in headers:
-        if name == b"content-encoding":
-            coding = value.strip().lower()
-            return None if coding in IDENTITY else coding
-    return None
+    """The request body's coding, lower case (None where it has none, or `identity`); two Content-Encoding
+    headers are one list (RFC 9110 5.3: "gzip" twice is "gzip, gzip", two codings, refused as the one header is)."""
+    codings = [value.strip().lower() for name, value in headers if name == b"content-encoding"]
+    if not codings:
+        return None
+    coding = codings[0] if len(codings) == 1 else b", ".join(codings)
+    return None if coding in IDENTITY else coding
 
 
 def refusal(coding: bytes) -> str | None:

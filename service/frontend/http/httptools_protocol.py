@@ -32,7 +32,14 @@ from typing import Any, cast
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from service.errors import BadRequest, HeadersTooLarge, RequestTimeout, ServiceError, UriTooLong
+from service.errors import (
+    BadRequest,
+    HeadersTooLarge,
+    RequestTimeout,
+    ServiceError,
+    UnknownTransferCoding,
+    UriTooLong,
+)
 from service.frontend.http.errors import error_body
 from service.logs import REQUEST_ID_HEADER, SCOPE_REQUEST_ID, SCOPE_STATUS, access_log, log_access
 
@@ -184,11 +191,27 @@ class HttpProtocol(HttpToolsProtocol):
                 "a request that asks to Upgrade (h2c, websocket) cannot carry a body here: send it without Upgrade"
             )
             raise _Refused
+        if (codings := self._transfer_codings()) is not None and codings != [b"chunked"]:
+            # httptools frames a "gzip, chunked" body by its chunks and passes the gzip on as the body
+            shown = b", ".join(codings).decode("latin-1")[:60]
+            self._refusal = UnknownTransferCoding(
+                f"Transfer-Encoding {shown} is not one this server takes: chunked only (Content-Encoding for gzip)"
+            )
+            raise _Refused
         super().on_headers_complete()
         self.scope[SCOPE_ON_DISCONNECT] = []  # type: ignore[literal-required]
         queued = bool(self.pipeline)  # behind a request still being answered: its body is not read yet
         if not queued and any(name in (b"content-length", b"transfer-encoding") for name, _ in self.headers):
             self._arm(self.limits.body_timeout_s, self._body_timeout)
+
+    def _transfer_codings(self) -> list[bytes] | None:
+        """The request's transfer codings in order (every Transfer-Encoding header's list), or None where it has
+        none."""
+        codings = None
+        for name, value in self.headers:
+            if name == b"transfer-encoding":
+                codings = (codings or []) + [part.strip().lower() for part in value.split(b",")]
+        return codings
 
     def _declares_body(self) -> bool:
         for name, value in self.headers:

@@ -182,8 +182,8 @@ def json_only_refusal(scope: Scope) -> str | None:
         elif name == b"inference-header-content-length":
             binary = True
         elif name == b"content-encoding":
-            coding = value.strip().lower()
-            if coding not in content_coding.IDENTITY and (refused := content_coding.refusal(coding)) is not None:
+            coding = content_coding.body_coding(scope["headers"])  # every Content-Encoding header, as one list
+            if coding is not None and (refused := content_coding.refusal(coding)) is not None:
                 return refused
     if binary:
         return None  # Triton's binary tensor data: JSON, then bytes

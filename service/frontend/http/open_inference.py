@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -54,7 +54,7 @@ class Parameters(BaseModel):
 
 class InferInputTensor(BaseModel):
     name: str = Field(description="text, text_pair (classification); text (ner, embedding); question, context (qa)")
-    shape: list[int] = Field(description="[N] or [N, 1]: N texts")
+    shape: list[StrictInt] = Field(description="[N] or [N, 1]: N texts")  # "1", 1.0, true: not int64s
     datatype: str = Field(description="BYTES")
     parameters: dict[str, Any] | None = Field(None, description="binary_data_size: the data follows the JSON")
     data: list[Any] | None = Field(None, description="the texts, row-major (flat or nested)")
@@ -203,7 +203,8 @@ async def _split_body(request: Request) -> tuple[Any, bytes | None]:
     if declared is None:
         return await json_body(request), None
     raw = await request.body()
-    if not (declared.isascii() and declared.isdigit()) or int(declared) > len(raw):  # "²" is a digit to isdigit
+    # "²" is a digit to isdigit; past 19 digits no body is that long (and int() refuses 4,300 with a ValueError)
+    if not (declared.isascii() and declared.isdigit()) or len(declared) > 19 or int(declared) > len(raw):
         raise BadRequest(f"{HEADER_LENGTH} {declared[:20]!r} is not a length within the body ({len(raw)} bytes)")
     length = int(declared)
     try:

@@ -226,7 +226,8 @@ def _why_not_json(exc: Exception) -> str:
     if isinstance(exc, NotAJsonNumber):
         return str(exc)
     if isinstance(exc, json.JSONDecodeError):
-        return f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+        what = exc.msg.removesuffix(" at")  # "Invalid control character at" said "at at line"
+        return f"{what} at line {exc.lineno}, column {exc.colno}"
     if isinstance(exc, UnicodeDecodeError):
         return f"byte {exc.start} is not UTF-8"
     if isinstance(exc, RecursionError):

@@ -386,6 +386,7 @@ NOT_JSON = [
     (b'{"inputs": ["\xff\xfe bad utf-8"]}', "byte 13 is not UTF-8"),
     (b"[" * 100_000, "nested too deeply"),
     (b'{"inputs": ["a"], "top_k": ' + b"9" * 5_000 + b"}", "a number has more digits than the parser takes"),
+    (b'{"inputs": ["a\tb"]}', "Invalid control character at line 1, column 15"),  # it said "at at line"
 ]
 
 

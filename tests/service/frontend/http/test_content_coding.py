@@ -54,5 +54,8 @@ def test_codings_taken_and_refused() -> None:
     assert content_coding.body_coding([(b"content-encoding", b" GZIP ")]) == b"gzip"
     assert content_coding.body_coding([(b"content-encoding", b"identity")]) is None
     assert content_coding.body_coding([(b"content-type", b"application/json")]) is None
+    twice = [(b"content-encoding", b"gzip"), (b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
+    assert content_coding.body_coding(twice) == b"gzip, gzip"  # one list (RFC 9110 5.3): refused below
+    assert "gzip, gzip is not one" in str(content_coding.refusal(b"gzip, gzip"))
     assert content_coding.refusal(b"deflate") is None
     assert "br is not one this server decodes (gzip, deflate or none)" in str(content_coding.refusal(b"br"))

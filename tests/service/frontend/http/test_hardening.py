@@ -203,6 +203,22 @@ def test_idle_keep_alive_connections_are_closed(hardened) -> None:
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400, "bad_request"),  # TLS to the plain port
         (b"GET /livez HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello", 400, "bad_request"),
         (b"POST /livez HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "bad_request"),
+        # a transfer coding other than chunked: RFC 9112's 501 ("gzip, chunked" was served, its gzip read as JSON)
+        *[
+            (
+                b"POST "
+                + CLASSIFY.encode()
+                + b" HTTP/1.1\r\nHost: x\r\n"
+                + coding
+                + b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+                501,
+                "not_implemented",
+            )
+            for coding in (
+                b"Transfer-Encoding: gzip, chunked",
+                b"Transfer-Encoding: deflate\r\nTransfer-Encoding: chunked",
+            )
+        ],
     ],
     ids=[
         "url-100k",
@@ -214,6 +230,8 @@ def test_idle_keep_alive_connections_are_closed(hardened) -> None:
         "tls",
         "two-lengths",
         "bad-chunk",
+        "gzip-chunked",
+        "deflate-then-chunked",
     ],
 )
 def test_oversized_and_malformed_requests_get_the_json_error(hardened, request_bytes, status, error_type) -> None:
