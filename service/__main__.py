@@ -65,5 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if serve(app, settings) else 1
 
 
+def interruptible_main() -> int:
+    """`main`, where a Ctrl-C before uvicorn takes the signals (settings, discovery, the models' load, which can take
+    minutes) is one line and exit 130, as the export's is, not a KeyboardInterrupt traceback from onnxruntime."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("error: interrupted before the server started; nothing was served", file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    exit_now(main())
+    exit_now(interruptible_main())

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -213,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", type=Path, required=True, help="the heartbeat file the server rewrites")
     parser.add_argument("--stall-s", type=float, required=True, help="liveness fails past this much silence")
     args = parser.parse_args(argv)
+    # A terminal's Ctrl-C reaches this process with its server's (one process group): the server drains and then
+    # closes our stdin; a KeyboardInterrupt here was a traceback in the server's log.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     httpd = serve_probes(socket.socket(fileno=args.fd), HeartbeatFile(args.state), args.stall_s)
     threading.Thread(target=httpd.serve_forever, name="probes", daemon=True).start()
     sys.stdin.buffer.read()  # returns when the server closes its end, or dies

@@ -97,7 +97,10 @@ class Child:
         if self.socket is not None:
             self.socket.unlink(missing_ok=True)
         command = [*self.command, "--heartbeat", str(self.heartbeat.path)]
-        self.process = subprocess.Popen(command, env={**env, **self.env})
+        # A process group of its own: a terminal's Ctrl-C signals the whole foreground group, and the engine stopped
+        # at once beside the launcher while the front-ends still drained (their requests in flight got 503). The
+        # launcher alone takes the signal and stops the children in order (`_shutdown`).
+        self.process = subprocess.Popen(command, env={**env, **self.env}, process_group=0)
         self.started = time.monotonic()
         self.pids.append(self.process.pid)
         log.info("%s started (pid %d)", self.name, self.process.pid)

@@ -78,18 +78,23 @@ def start(
     port: int | None = None,
     env: dict[str, str] | None = None,
     source: Path = ROOT,
+    own_group: bool = False,
 ) -> ServiceProcess:
     """Run `python COMMAND... --port PORT` (the port is added) in `source` (a checkout of this project: this one,
     or another's for a before/after comparison), output to log_path (or inherited); `env` is added to this
-    process's environment."""
+    process's environment. `own_group`: in a process group of its own, as a shell's foreground job is (a terminal's
+    Ctrl-C signals the whole group: `os.killpg(process.pid, SIGINT)`)."""
     port = port or free_port()
     env = offline_env({**(env or {}), "PYTHONUNBUFFERED": "1"})
     full = [sys.executable, *command, "--port", str(port)]
+    group = 0 if own_group else None
     if log_path is None:
-        process = subprocess.Popen(full, cwd=source, env=env)
+        process = subprocess.Popen(full, cwd=source, env=env, process_group=group)
     else:
         with log_path.open("w") as log:
-            process = subprocess.Popen(full, cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                full, cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT, process_group=group
+            )
     return ServiceProcess(f"http://127.0.0.1:{port}", process, log_path)
 
 
@@ -100,9 +105,10 @@ def start_service(
     wait: bool = True,
     env: dict[str, str] | None = None,
     source: Path = ROOT,
+    own_group: bool = False,
 ) -> ServiceProcess:
     command = ["-m", "service", "--repository", str(repository), "--host", "127.0.0.1", *args]
-    server = start(command, log_path, env=env, source=source)
+    server = start(command, log_path, env=env, source=source, own_group=own_group)
     if wait:
         server.wait_ready()
     return server

@@ -5,6 +5,7 @@ misspelt setting, a warning otherwise; `--drain-timeout-s` bounds a stop whateve
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import time
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.serving import free_port
-from tests.service.conftest import run_service
+from tests.harness.serving import free_port, start_service
+from tests.service.conftest import run_service, wait_for
 
 MODEL = "bert-classification"
 
@@ -39,6 +40,25 @@ def test_a_port_in_use_is_one_line_and_exit_2_before_anything_starts(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: cannot listen on 127.0.0.1:{port}: "), done.stderr
     assert lines[0].endswith(" (probes)") == (port_flag == "--probe-port")
+
+
+def test_ctrl_c_while_the_models_load_is_one_line_and_exit_130(tiny_repository: Path, tmp_path: Path) -> None:
+    """In-process, the models load before uvicorn takes the signals: a Ctrl-C then was a KeyboardInterrupt
+    traceback through onnxruntime. Every tiny model loads here, seconds of work: the signal comes after the first."""
+    log_path = tmp_path / "server.log"
+    server = start_service(
+        tiny_repository, "--engine-mode", "in-process", log_path=log_path, wait=False, own_group=True
+    )
+    try:
+        assert wait_for(lambda: "CPUExecutionProvider" in server.log(), timeout=60), server.log()
+        os.killpg(server.process.pid, signal.SIGINT)  # as a terminal sends it: to the whole group
+        code = server.process.wait(timeout=60)
+    finally:
+        server.stop()
+    log = server.log()
+    assert code == 130, log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+    assert log.strip().splitlines()[-1] == "error: interrupted before the server started; nothing was served"
 
 
 def test_a_host_that_is_no_address_is_one_line_and_exit_2(tiny_repository: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -108,10 +109,10 @@ class BurstOutcome:
     request_id: str = ""  # sent as x-request-id: the server's access line for it, if the app ever saw it
 
 
-def sigterm_during_burst(server, model: str) -> list[BurstOutcome]:
+def sigterm_during_burst(server, model: str, stop: Callable[[], None] | None = None) -> list[BurstOutcome]:
     """16 QA requests of 8 long inputs from 8 clients; SIGTERM once the first answer is in (so that the burst is
-    surely in the server, however slowly this machine runs the clients) and at least 0.3 s in. Each request's
-    outcome and when it left."""
+    surely in the server, however slowly this machine runs the clients) and at least 0.3 s in (`stop`: another
+    signal, sent its own way). Each request's outcome and when it left."""
     context = "Peter Blackburn met Maria Lopez in Brussels on Tuesday to talk about trade and lamb. " * 6
     body = {"inputs": [{"question": "Who met?", "context": context}] * 8}
     sent: list[BurstOutcome] = []
@@ -143,7 +144,10 @@ def sigterm_during_burst(server, model: str) -> list[BurstOutcome]:
             first_answer.wait(30)
             time.sleep(max(0.0, 0.3 - (time.perf_counter() - started)))
             signalled = time.perf_counter()
-            server.process.send_signal(signal.SIGTERM)
+            if stop is None:
+                server.process.send_signal(signal.SIGTERM)
+            else:
+                stop()
             for future in futures:
                 future.result()
     finally:

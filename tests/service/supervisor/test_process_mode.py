@@ -18,6 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.harness.serving import free_port, start_service
 from tests.service.conftest import wait_for
 from tests.service.test_scheduling import assert_admitted_work_finished, metric, sigterm_during_burst
 
@@ -297,6 +298,23 @@ def test_sigterm_drains_the_front_ends_then_stops_the_engine(tiny_repository: Pa
     assert server.process.wait(60) == 0
     assert_admitted_work_finished(outcomes, server.log())
     log = server.log()
+    assert log.rindex("Application shutdown complete") < log.index("engine: stopping") < log.index("stopped")
+
+
+def test_ctrl_c_at_a_terminal_drains_the_front_ends_then_stops_the_engine(tiny_repository: Path, tmp_path: Path):
+    """A terminal's Ctrl-C signals the whole foreground process group: the engine got SIGINT with the launcher and
+    stopped at once, and the front-ends answered their requests in flight 503 ("lost the engine"). The launcher
+    alone takes it now and stops them in order, as for a SIGTERM."""
+    flags = (*PROCESS, "--max-batch-size", "2", "--max-queue-s", "25", "--probe-port", str(free_port()))
+    server = start_service(tiny_repository, *flags, log_path=tmp_path / "server.log", own_group=True)
+    try:
+        outcomes = sigterm_during_burst(server, "albert-qa", stop=lambda: os.killpg(server.process.pid, signal.SIGINT))
+        assert server.process.wait(60) == 0
+    finally:
+        server.stop()
+    log = server.log()
+    assert_admitted_work_finished(outcomes, log)
+    assert "lost the engine" not in log and "Traceback" not in log and "KeyboardInterrupt" not in log, log
     assert log.rindex("Application shutdown complete") < log.index("engine: stopping") < log.index("stopped")
 
 
