@@ -131,6 +131,16 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
+def _left_as(args: argparse.Namespace) -> str:
+    """What a stop mid-way left: one export writes its entry at the end or not at all; the demo's three are built in
+    turn, and those finished before the stop are kept (it said the repository was as it was)."""
+    if args.checkpoint != "demo":
+        return "the repository was left as it was"
+    built = sorted(path.parent.name for path in Path(args.repository).glob("demo-*/model.json"))
+    kept = f"the demo entries already in it are kept ({', '.join(built)})" if built else "it has no demo entry"
+    return f"the entry being built was not written; {kept}"
+
+
 def _run(args: argparse.Namespace) -> int:
     progress = (lambda _: None) if args.quiet else (lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     notice = None
@@ -180,10 +190,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("error: interrupted; the repository was left as it was", file=sys.stderr)
+        print(f"error: interrupted; {_left_as(args)}", file=sys.stderr)
         return 130
     except Terminated:
-        print("error: terminated (SIGTERM); the repository was left as it was", file=sys.stderr)
+        print(f"error: terminated (SIGTERM); {_left_as(args)}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except Exception as exc:  # a bug or an environment problem: still one line, and a non-zero exit
         print(f"error: unexpected failure: {one_line(exc)}", file=sys.stderr)

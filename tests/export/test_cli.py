@@ -278,3 +278,27 @@ def test_max_accuracy_loss_must_be_finite(tiny_checkpoint, tmp_path: Path, capsy
     with pytest.raises(ExportError, match="is not a finite number of points"):
         export_checkpoint(args[0], "m", tmp_path / "models", max_accuracy_loss=float(points))
     assert not (tmp_path / "models").exists()
+
+
+def test_ctrl_c_mid_demo_says_which_entries_it_kept(tmp_path: Path) -> None:
+    """The demo builds its three entries in turn: a Ctrl-C after the first said "the repository was left as it
+    was" with demo-sentiment written in it."""
+    import signal
+    import time
+
+    repository = tmp_path / "models"
+    command = [sys.executable, "-m", "export", "demo", "--repository", str(repository), "--source", "random"]
+    process = subprocess.Popen(command, cwd=ROOT, env=offline_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not (repository / "demo-sentiment" / "model.json").is_file() and time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1]
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        "error: interrupted; the entry being built was not written; "
+        "the demo entries already in it are kept (demo-sentiment)"
+    )
+    assert "Traceback" not in err
+    assert sorted(path.name for path in repository.iterdir()) == ["demo-sentiment"]
