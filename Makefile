@@ -54,9 +54,12 @@ demo: $(INSTALLED)
 	else echo "demo repository present in $(REPOSITORY)/ ($(DEMO_MODELS))"; fi
 
 # Builds the demo if an entry is missing (above), then serves every entry of the repository on 127.0.0.1:8000
-# (HOST=0.0.0.0 PORT=... to change); ARGS for more settings.
-HOST ?= 127.0.0.1
-PORT ?= 8000
+# (make run HOST=0.0.0.0 PORT=...; else BERTSERVE_HOST and BERTSERVE_PORT where set, as for every setting); ARGS for
+# more settings. A HOST from the environment is not read: tcsh and some images set it to the machine's name.
+ifneq ($(origin HOST),command line)
+HOST := $(or $(BERTSERVE_HOST),127.0.0.1)
+endif
+PORT ?= $(or $(BERTSERVE_PORT),8000)
 run: demo
 	$(PY) -m service --repository $(REPOSITORY) --host $(HOST) --port $(PORT) $(ARGS)
 

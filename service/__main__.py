@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
             admin_keys(settings)  # and an admin key file that cannot be used
     except ValidationError as exc:
         for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "settings"
-            print(f"error: invalid setting {where}: {error['msg']}", file=sys.stderr)
+            where = ".".join(str(part) for part in error["loc"])
+            message = error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's refusal
+            print(f"error: invalid setting {where}: {message}" if where else f"error: {message}", file=sys.stderr)
         return 2
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -101,6 +101,15 @@ def test_bad_flag_value_exits_with_the_reason() -> None:
     assert done.stderr.strip() == "error: invalid setting max_batch_size: Input should be greater than or equal to 1"
 
 
+def test_settings_that_clash_are_refused_in_one_plain_line() -> None:
+    """A rule across settings has no one field to name: it said "invalid setting settings: Value error, ..."."""
+    done = run_service("--grpc-port", "8001", "--probe-port", "8001")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: grpc_port (8001) must differ from port and probe_port: gRPC needs a port of its own"
+    )
+
+
 def test_missing_repository_is_refused_with_the_reason(tmp_path: Path) -> None:
     done = run_service("--repository", str(tmp_path / "nowhere"))
     assert done.returncode == 2
