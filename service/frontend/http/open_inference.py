@@ -23,7 +23,14 @@ from service.errors import BadRequest
 from service.frontend import open_inference as oip
 from service.frontend.http import schemas
 from service.frontend.http.json_answer import JsonAnswer, stdlib_json
-from service.frontend.http.routes import admitted, json_body, server_state, strict_json, timing_headers
+from service.frontend.http.routes import (
+    admitted,
+    json_body,
+    server_state,
+    strict_json,
+    timing_headers,
+    why_not_json,
+)
 from service.wire.ticket import Ticket
 
 INFER_PATH = "/v2/models/{name}/infer"
@@ -209,8 +216,9 @@ async def _split_body(request: Request) -> tuple[Any, bytes | None]:
     length = int(declared)
     try:
         return strict_json(raw[:length]), raw[length:]
-    except (ValueError, RecursionError):
-        raise BadRequest(f"the first {length} bytes ({HEADER_LENGTH}) are not JSON (UTF-8)") from None
+    except (ValueError, RecursionError) as exc:
+        why = why_not_json(exc)  # as a plain JSON body's 400 says it
+        raise BadRequest(f"the first {length} bytes ({HEADER_LENGTH}) are not JSON (UTF-8): {why}") from None
 
 
 def _flat(data: list[Any]) -> list[Any]:

@@ -193,7 +193,7 @@ async def json_body(request: Request) -> Any:
     try:
         return strict_json(raw)
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested past the parser's depth
-        raise BadRequest(f"{INVALID_JSON}: {_why_not_json(exc)}") from None
+        raise BadRequest(f"{INVALID_JSON}: {why_not_json(exc)}") from None
 
 
 class NotAJsonNumber(ValueError):
@@ -221,7 +221,7 @@ def strict_json(raw: bytes) -> Any:
     return _STRICT.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
 
 
-def _why_not_json(exc: Exception) -> str:
+def why_not_json(exc: Exception) -> str:
     """What the parser found wrong, and where, so that a client can find the fault in what it sent."""
     if isinstance(exc, NotAJsonNumber):
         return str(exc)

@@ -266,6 +266,18 @@ def test_a_header_length_of_other_digits_than_ascii_or_too_many_is_a_400(oip_ser
     assert "is not a length within the body" in response.json()["error"]
 
 
+def test_a_binary_requests_json_part_that_is_not_json_says_why(oip_server) -> None:
+    """It said only "the first N bytes are not JSON", where a plain body's 400 says what and where."""
+    head = b"[" * 100_000
+    headers = {"content-type": "application/octet-stream", "inference-header-content-length": str(len(head))}
+    with oip_server.http.client() as client:
+        response = client.post("/v2/models/bert-classification/infer", content=head + b"\0\0\0\0", headers=headers)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == (
+        "the first 100000 bytes (inference-header-content-length) are not JSON (UTF-8): it is nested too deeply"
+    )
+
+
 def test_an_id_of_a_lone_surrogate_comes_back_as_it_was_sent(oip_server) -> None:
     body = b'{"id": "\\ud800", "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}'
     with oip_server.http.client() as client:
