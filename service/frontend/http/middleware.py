@@ -158,16 +158,7 @@ class JsonOnlyMiddleware:
         except ServiceError as exc:
             await send_error(send, exc)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()  # after the body: the disconnect, when it comes
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 def json_only_refusal(scope: Scope) -> str | None:
@@ -192,6 +183,20 @@ def json_only_refusal(scope: Scope) -> str | None:
         return None
     shown = media.decode("latin-1")[:100]
     return f"the body must be JSON (Content-Type: application/json), not {shown or 'empty'}"
+
+
+def replaying(body: bytes, receive: Callable) -> Callable:
+    """An ASGI `receive` that hands over `body` (read already) as one message, then what `receive` brings next."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()  # after the body: the disconnect, when it comes
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 class AdmissionMiddleware:
@@ -288,16 +293,7 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()  # after the body: the disconnect, when it comes
-            replayed = True
-            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(b"".join(chunks), receive), send)
 
     async def _reject(self, send: Callable) -> None:
         await send_error(send, PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes"))
