@@ -181,6 +181,20 @@ class PreparedBatch:
         return int(rows), int(width)
 
 
+def check_labels(session: ort.InferenceSession, config: ModelConfig) -> None:
+    """ValueError where model.json's labels are not the model's: a list of 3 for a 2-logit head served every answer
+    a label of the wrong class (the self-test passed), and other counts an IndexError per request."""
+    if config.task not in ("classification", "ner"):
+        return
+    for output in session.get_outputs():
+        width = output.shape[-1] if output.name == "logits" and output.shape else None
+        if isinstance(width, int) and width != len(config.labels):
+            raise ValueError(
+                f"model.json lists {len(config.labels)} labels but the model's logits have {width}: the entry's "
+                "files come from different exports (export the checkpoint again)"
+            )
+
+
 class ModelRuntime:
     """Runs unpadded rows: pads them into one batch, runs the session, hands back each row's own outputs."""
 
@@ -199,6 +213,7 @@ class ModelRuntime:
         self._graphs_on = False  # the session was opened with enable_cuda_graph
         self.session = self._open_cuda() if self.provider == CUDA else self._open_cpu()
         self.input_names = [i.name for i in self.session.get_inputs()]
+        check_labels(self.session, config)
         self.nodes = node_assignment(self.session)
         self._report_nodes()
         self.graphs: CudaGraphs | None = None
