@@ -22,7 +22,7 @@ from service.engine.batcher import Batcher
 from service.engine.runtime import ModelRuntime
 from service.errors import BadRequest, LoadFailed, ModelFailed, ModelNotFound, NotReady
 from service.metrics import Metrics, forget
-from service.repository import entry_version, load_entries, name_problem, read_config, scan
+from service.repository import entry_version, file_signature, load_entries, name_problem, read_config, scan
 from service.settings import Settings
 from service.system.memory import malloc_trim
 from service.wire.model_status import ModelStatus
@@ -46,6 +46,9 @@ class Generation:
     batcher: Batcher | None = None
     warmed_shapes: int = 0
     counted: bool = False  # its load is in the metrics (once a front-end serves it)
+    # This load's own id, across engine restarts: a version loaded again (after the front-ends turned it down, or
+    # after an unload) is a new offer that each front-end checks anew, not one it has judged already
+    offer: int = field(default_factory=time.monotonic_ns)
 
 
 @dataclass
@@ -60,7 +63,8 @@ class EngineModel:
     older: list[Generation] = field(default_factory=list)
     loading: str | None = None  # the version being loaded now
     load_error: str | None = None  # why the latest load failed (the version before keeps serving)
-    failed_version: str | None = None  # that load's version: polling does not retry it
+    failed_version: str | None = None  # that load's version: polling does not retry it ...
+    failed_files: tuple | None = None  # ... while the entry's files are the ones it failed with (file_signature)
 
     @property
     def runtime(self) -> ModelRuntime | None:
@@ -87,6 +91,7 @@ class EngineModel:
             "status": self.status,
             "error": self.error,
             "version": self.current.version if self.current else None,
+            "offer": self.current.offer if self.current else None,
             "loading": self.loading,
             "load_error": self.load_error,
             "versions": [g.version for g in (self.current, *self.older) if g is not None],
@@ -290,7 +295,8 @@ class EngineCore:
             except (OSError, ValueError) as exc:
                 raise self._load_failed(name, None, one_line(exc, hide=self.settings.repository)) from None
             current = model.current if model is not None and model.status == ModelStatus.READY else None
-            if current is not None and current.version == version:
+            if model is not None and current is not None and current.version == version:
+                self._settle(model)  # the entry is the version serving again: a failed load before is over
                 return {"name": name, "version": version, "changed": False}
             if model is None:
                 model = self.models[name] = EngineModel(name)
@@ -307,6 +313,7 @@ class EngineCore:
                 reason = one_line(exc, hide=self.settings.repository)
                 if generation is not None:
                     await self._close(name, generation)
+                model.loading = None  # before the word on the failure goes out: it said "loading" for good
                 raise self._load_failed(name, version, reason) from None
             finally:
                 model.loading = None
@@ -320,11 +327,24 @@ class EngineCore:
         log.error("model %s %s", name, shown)
         if model is not None:
             model.load_error, model.failed_version = shown, version
+            try:
+                model.failed_files = file_signature(self.settings.repository / name)
+            except OSError:
+                model.failed_files = None
             if model.current is None and model.status != ModelStatus.UNLOADING:
                 model.status, model.error = ModelStatus.FAILED, reason
         self._count_failure(name)
         self.on_change()
         return LoadFailed(f"model {name} {shown}")
+
+    def _settle(self, model: EngineModel) -> None:
+        """The entry on disk is the version serving: a load that failed before is no longer the model's state (its
+        error, the failure gauge that fires BertserveModelLoadFailed)."""
+        if model.load_error is None and model.failed_version is None:
+            return
+        model.load_error = model.failed_version = model.failed_files = None
+        self.metrics.model_load_failed.labels(model.name).set(0)
+        self.on_change()
 
     def _count_failure(self, name: str) -> None:
         self.metrics.model_loads.labels(name, "ok")
@@ -336,7 +356,7 @@ class EngineCore:
         if model.current is not None:
             model.older.append(model.current)
         model.current, model.status, model.error = generation, ModelStatus.READY, None
-        model.load_error = model.failed_version = None
+        model.load_error = model.failed_version = model.failed_files = None
         self._describe(model.name, generation.runtime)
         log.info("model %s: version %s is loaded and warmed up", model.name, generation.version)
         self.on_change()
@@ -578,9 +598,17 @@ class EngineCore:
             except (OSError, ValueError):
                 continue  # being written: the next scan
             model = self.models.get(name)
-            if model is not None and version in (model.failed_version, model.loading):
+            if model is not None and version == model.loading:
                 continue
+            if model is not None and version == model.failed_version:
+                # Not again with the very files it failed with (a broken export fails the same way); with files
+                # written since, yes, whatever their digest: a load that failed because the entry changed under it
+                # (rolled back mid-load, then put back) is tried again
+                with contextlib.suppress(OSError):
+                    if await asyncio.to_thread(file_signature, entry) == model.failed_files:
+                        continue
             if model is not None and model.current is not None and model.current.version == version:
+                self._settle(model)
                 continue
             with contextlib.suppress(LoadFailed, ModelNotFound, BadRequest):  # logged, counted and reported
                 await self.load_model(name)

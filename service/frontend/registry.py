@@ -45,6 +45,7 @@ class ServedModel:
     error: str | None = None  # the front-end's own failure (config, tokenizer, self-test)
     engine_report: dict[str, Any] = field(default_factory=dict)
     self_tested: bool = False  # one real request went through the whole path
+    offer: int | None = None  # the engine's load of this version that this front-end judged (Generation.offer)
     holders: int = 0  # requests that took this version and are not over
     retired_at: float | None = None  # when a newer version (or an unload) took its place
 
@@ -123,7 +124,8 @@ class ModelRegistry:
         self.models: dict[str, ServedModel] = {}
         self._prepared: dict[tuple[str, str], ServedModel] = {}  # read at start, not serving yet
         self._retiring: dict[str, list[ServedModel]] = {}
-        self.rejected: dict[tuple[str, str], str] = {}  # versions this front-end turned down, and why
+        # the loads (model, version, offer) this front-end turned down, and why: a version loaded again is judged again
+        self.rejected: dict[tuple[str, str, int | None], str] = {}
         self._settled = False  # the models of the start have loaded (or failed): later loads do not hold /readyz
         self._changed: asyncio.Event | None = None  # set (and dropped) at the engine's next word
         self.changed = asyncio.Event()  # set at the engine's every word (the follow loop waits on it)

@@ -89,8 +89,9 @@ def install_repository_api(app: FastAPI, settings: Settings) -> None:
         keys.check(request)
         _check_name(name)
         server = server_state(request)
+        since = time.monotonic_ns()  # a load the engine makes for this call is an offer made after this
         result = await server.engine.control("load", name)
-        return await _served(server, name, str(result["version"]))
+        return await _served(server, name, str(result["version"]), since)
 
     @router.post("/v2/repository/models/{name:path}/unload", summary="Unload a model")
     async def unload(name: str, request: Request) -> dict[str, Any]:
@@ -99,11 +100,23 @@ def install_repository_api(app: FastAPI, settings: Settings) -> None:
         server = server_state(request)
         await server.engine.control("unload", name)
         give_up = time.monotonic() + server.settings.request_timeout_s + 1
-        while name in server.registry.models and time.monotonic() < give_up:
+        while _unloading(server, name) and time.monotonic() < give_up:
             await _next_word(server)
-        return {"name": name, "state": "UNLOADING" if name in server.registry.models else "UNAVAILABLE"}
+        model = server.registry.models.get(name)
+        if model is None:
+            return {"name": name, "state": "UNAVAILABLE"}
+        # still draining; or loaded again meanwhile (a load call after this one): it waited for the drain's whole
+        # timeout and said UNLOADING of a model that served
+        if _unloading(server, name):
+            return {"name": name, "state": "UNLOADING"}
+        return {"name": name, "state": "READY" if model.status == ModelStatus.READY else "LOADING"}
 
     app.include_router(router)
+
+
+def _unloading(server: ServerState, name: str) -> bool:
+    model = server.registry.models.get(name)
+    return model is not None and model.engine_report.get("status") == ModelStatus.UNLOADING
 
 
 def _check_name(name: str) -> None:
@@ -111,16 +124,18 @@ def _check_name(name: str) -> None:
         raise BadRequest(problem, field="name")
 
 
-async def _served(server: ServerState, name: str, version: str) -> dict[str, Any]:
-    """Once this front-end serves `version` (its self-test passed), or turned it down (LoadFailed)."""
+async def _served(server: ServerState, name: str, version: str, since: int) -> dict[str, Any]:
+    """Once this front-end serves `version` (its self-test passed), or turned down a load of it made since `since`
+    (LoadFailed; a load of the same version turned down before this call is not this call's answer)."""
     registry = server.registry
     give_up = time.monotonic() + SETTLE_S
     while time.monotonic() < give_up:
         model = registry.models.get(name)
         if model is not None and model.version == version and model.status == ModelStatus.READY:
             return {"name": name, "version": version, "state": "READY"}
-        if (name, version) in registry.rejected:
-            raise LoadFailed(f"model {name} version {version} failed to load: {registry.rejected[(name, version)]}")
+        for (rejected_name, rejected_version, offer), why in registry.rejected.items():
+            if (rejected_name, rejected_version) == (name, version) and offer is not None and offer >= since:
+                raise LoadFailed(f"model {name} version {version} failed to load: {why}")
         await _next_word(server)
     return {"name": name, "version": version, "state": "LOADING"}
 

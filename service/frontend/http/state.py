@@ -112,13 +112,17 @@ class ServerState:
         if report.get("status") == ModelStatus.UNLOADING:
             registry.retire(served)
             return
-        version = report.get("version")
-        if report.get("status") != ModelStatus.READY or not version or (name, version) in registry.rejected:
+        version, offer = report.get("version"), report.get("offer")
+        if report.get("status") != ModelStatus.READY or not version or (name, version, offer) in registry.rejected:
             return
-        if served.version == version and (served.self_tested or served.error is not None):
+        judged = served.self_tested or served.error is not None
+        if served.version == version and served.offer == offer and served.retired_at is None and judged:
+            return  # this very load is served (or failed) here already
+        if served.version == version and served.self_tested and served.retired_at is None and served.error is None:
+            served.offer = offer  # the same version the engine loaded again (a restart): served as it was
             return
         model = await registry.prepare(name, version)
-        model.engine_report = report
+        model.engine_report, model.offer = report, offer
         if model.error is None:
             try:
                 await self.pipeline.self_test(model)
@@ -132,7 +136,7 @@ class ServerState:
             registry.swap(model)
             return
         log.error("model %s: %s (version %s)", name, model.error, version)
-        registry.rejected[(name, version)] = model.error
+        registry.rejected[(name, version, offer)] = model.error
         self.engine.reject(name, version, model.error)
         if served.version is None or served.error is not None:
             registry.models[name] = model  # a failed model, with the reason

@@ -4,6 +4,7 @@ front-end connected serves the new version, fails where one turns it down, and d
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -85,6 +86,84 @@ def test_a_load_call_waits_for_every_front_end_and_fails_where_one_turns_it_down
                 await asyncio.wait_for(call, 5)
             current = core.models["a"].current
             assert current is not None and current.version == second  # the version before serves again
+        finally:
+            await core.stop()
+
+    asyncio.run(scenario())
+
+
+def poll_settings(repository: Path) -> Settings:
+    return Settings(repository=repository, model_control="poll", device="cpu", threads=1)
+
+
+def test_polling_tries_a_failed_version_again_once_its_files_are_written_again(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    """A version that failed is not loaded again with the very files it failed with (a broken export fails the same
+    way each time), but it is once they are written again: a load that failed because the entry changed under it
+    (rolled back mid-load, then put back: the same digest) was skipped for good ("load it again", said the error)."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    publish(repository, "a", tiny_repository / "bert-classification")
+
+    async def scenario() -> None:
+        core = EngineCore(poll_settings(repository), Metrics())
+        try:
+            core.connect("front-end")
+            await core.poll_once()
+            first = await offered(core, "a", None)
+            core.use("front-end", "a", [first])  # serving it: it stays open beside the next
+            publish(repository, "a", tiny_repository / "bert-classification")
+            await core.poll_once()
+            second = await offered(core, "a", first)
+            core.reject("a", second, "the entry changed since the engine loaded it: load it again")  # a front-end's
+            assert core.models["a"].current.version == first  # type: ignore[union-attr]
+            await core.poll_once()
+            assert core.models["a"].current.version == first  # type: ignore[union-attr]  # the same files: not again
+            rewritten = repository / ".a.rewritten"
+            shutil.copytree(repository / "a", rewritten)  # the same bytes, new files: the same version
+            shutil.rmtree(repository / "a")
+            rewritten.rename(repository / "a")
+            await core.poll_once()
+            assert await offered(core, "a", first) == second
+        finally:
+            await core.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_load_is_over_once_the_entry_is_the_version_serving_again(tiny_repository: Path, tmp_path: Path):
+    """The failure gauge (BertserveModelLoadFailed) and the model's load_error stayed for good when the export that
+    serves was put back (polling, or a load call answered 200), and `loading` said the failed version for good."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    publish(repository, "a", tiny_repository / "bert-classification")
+    serving = tmp_path / "serving-a"
+    shutil.copytree(repository / "a", serving)
+    metrics = Metrics()
+
+    def failed_gauge() -> float:
+        return metrics.model_load_failed.labels("a")._value.get()
+
+    async def scenario() -> None:
+        core = EngineCore(poll_settings(repository), metrics)
+        try:
+            await core.poll_once()
+            first = await offered(core, "a", None)
+            for restore in ("poll", "load call"):
+                publish(repository, "a", tiny_repository / "bert-classification", corrupt=True)
+                await core.poll_once()
+                state = core.models["a"].state()
+                assert state["version"] == first and "failed to load" in state["load_error"]
+                assert state["loading"] is None and failed_gauge() == 1
+                shutil.rmtree(repository / "a")
+                shutil.copytree(serving, repository / "a")  # the export that serves, back
+                if restore == "poll":
+                    await core.poll_once()
+                else:
+                    assert (await core.load_model("a"))["changed"] is False
+                state = core.models["a"].state()
+                assert (state["version"], state["load_error"], failed_gauge()) == (first, None, 0), restore
         finally:
             await core.stop()
 

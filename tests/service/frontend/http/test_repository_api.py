@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -277,3 +278,74 @@ def test_explicit_without_an_admin_key_file_refuses_to_start(tmp_path: Path) -> 
         "--repository", str(tmp_path), "--model-control", "explicit", "--admin-api-key-file", str(missing)
     )
     assert done.returncode == 2 and done.stderr.strip() == f"error: admin_api_key_file {missing} does not exist"
+
+
+def test_an_entry_whose_labels_are_not_its_models_is_refused(explicit) -> None:
+    """A model.json listing 3 labels for a 2-logit head loaded, passed its self-test and answered every sentence a
+    label of the wrong class; fewer labels than logits failed each request with an IndexError. (This head: 3.)"""
+    for labels in (["negative", "neutral", "positive", "mixed"], ["only"]):
+        publish(explicit.repository, "f", explicit.source / "bert-classification")
+        config = json.loads((explicit.repository / "f" / "model.json").read_text())
+        config["labels"] = labels
+        (explicit.repository / "f" / "model.json").write_text(json.dumps(config))
+        try:
+            failed = admin(explicit, "/v2/repository/models/f/load")
+            assert failed.status_code == 422, failed.text
+            assert f"model.json lists {len(labels)} labels but the model's logits have 3" in failed.json()["error"]
+        finally:
+            admin(explicit, "/v2/repository/models/f/unload")
+            shutil.rmtree(explicit.repository / "f", ignore_errors=True)
+
+
+def test_a_version_the_front_ends_turned_down_is_judged_again_when_loaded_again(explicit) -> None:
+    """An entry whose tokenizer is missing loads at the engine and is turned down by the front-ends. Loaded again
+    (the same version), it waited 60 s for front-ends that had judged that version already and ignored it, and the
+    engine kept it as the version it offered."""
+    with explicit.client(headers=USER) as client:
+        serving = models(client)["a"]["version"]
+        publish(explicit.repository, "a", explicit.source / "bert-classification")
+        (explicit.repository / "a" / "tokenizer.json").unlink()
+        try:
+            for _ in range(2):
+                started = time.monotonic()
+                failed = admin(explicit, "/v2/repository/models/a/load")
+                assert failed.status_code == 422 and "tokenizer.json" in failed.json()["error"], failed.text
+                assert time.monotonic() - started < 20
+                index = {m["name"]: m for m in admin(explicit, "/v2/repository/index").json()}
+                assert (index["a"]["state"], index["a"]["version"]) == ("READY", serving)
+                assert models(client)["a"]["version"] == serving
+                assert client.post(*CLASSIFY[:1], json=CLASSIFY[1]).status_code == 200
+        finally:
+            publish(explicit.repository, "a", explicit.source / "bert-classification")
+            assert admin(explicit, "/v2/repository/models/a/load").status_code == 200
+
+
+def test_a_model_loaded_again_while_it_unloads_serves_and_reloads_without_a_failed_request(explicit) -> None:
+    """Unloaded while a request held its version, then loaded again at once (the same version): the front-ends
+    kept that version as retiring and never said they served it, so the load call waited 60 s and the next reload
+    closed the version under the requests still sent to it (503 "is not loaded (any more)")."""
+    publish(explicit.repository, "e", explicit.source / "bert-ner")
+    long_text = ("Peter Blackburn met Maria Lopez in Brussels. " * 450)[:20000]
+    long_request = {"inputs": [long_text] * 12}  # ~1.5 s of work here: it holds the version through the unload
+    try:
+        assert admin(explicit, "/v2/repository/models/e/load").status_code == 200
+        with ThreadPoolExecutor(4) as pool:
+            held = pool.submit(
+                httpx.post, explicit.url + "/v1/models/e/ner", json=long_request, headers=USER, timeout=60
+            )
+            time.sleep(0.3)
+            unloaded = pool.submit(admin, explicit, "/v2/repository/models/e/unload")
+            time.sleep(0.2)
+            started = time.monotonic()
+            loaded = admin(explicit, "/v2/repository/models/e/load")
+            assert loaded.status_code == 200, loaded.text
+            assert time.monotonic() - started < 20  # it waited for front-ends that never moved: 60 s
+            assert unloaded.result().status_code == 200
+            assert held.result().status_code == 200, held.result().text  # answered by the version it held
+        publish(explicit.repository, "e", explicit.source / "bert-ner")
+        with Traffic(explicit.url, "/v1/models/e/ner", {"inputs": ["Maria met Peter."]}, headers=USER) as traffic:
+            assert admin(explicit, "/v2/repository/models/e/load").status_code == 200
+        assert traffic.statuses and set(traffic.statuses) == {200}, traffic.bodies[:3]
+    finally:
+        admin(explicit, "/v2/repository/models/e/unload")
+        shutil.rmtree(explicit.repository / "e", ignore_errors=True)
