@@ -160,6 +160,14 @@ class DeadlineExceeded(ServiceError):
     error_type = "timeout"
 
 
+class ClientClosed(ServiceError):
+    """The client went away before its answer: the rows of its request not run yet are dropped and the request is
+    over at once, counted and logged 499 (nothing failed here), not held to its deadline and counted a 504."""
+
+    status_code = CLIENT_CLOSED
+    error_type = "client_closed"
+
+
 class InferenceFailed(ServiceError):
     """A batch failed in the runtime. The message is generic; the cause is logged, never sent."""
 

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from opentelemetry.trace import Link, Span, StatusCode
 
 from service import tracing
-from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
+from service.errors import ClientClosed, DeadlineExceeded, InferenceFailed, InvalidInput, NotReady, Overloaded
 from service.wire.ticket import Ticket
 
 log = logging.getLogger("service.engine.batcher")
@@ -552,9 +552,13 @@ class Batcher:
         return arrivals[0] if arrivals else None
 
     def _drop(self, requests: list[_Request]) -> None:
-        """Drop the queued rows of these requests (answered already, cancelled, or past their deadline)."""
+        """Drop the queued rows of these requests (answered already, cancelled, or past their deadline). A request
+        whose client went away is over now (ClientClosed): it waited for its deadline, a 504 that held its share
+        of the admission gate for --request-timeout-s."""
         for request in requests:
             self._queued.discard(request)
+            if request.ticket.cancelled and not request.future.done():
+                request.set_exception(ClientClosed("the client went away before the answer; its rows were dropped"))
         dropped = set(requests)
         kept: list[_Item] = []
         for item in self._by_length:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +14,11 @@ from dataclasses import dataclass
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks import sleeping_session
+from benchmarks.frontend_cost import SLEEP_VARIABLE, SLEEPING_SITECUSTOMIZE
+from tests.harness.serving import ROOT
+from tests.service.conftest import wait_for
 
 SENTENCES = [f"sentence number {i} is {'great' if i % 2 else 'awful'} and {'long ' * (i % 9)}" for i in range(48)]
 
@@ -184,3 +192,38 @@ def test_sigterm_finishes_admitted_work_then_exits(tiny_repository, server_facto
     assert server.process.wait(30) == 0
     assert_admitted_work_finished(outcomes, server.log())
     assert "Application shutdown complete" in server.log()
+
+
+def test_a_client_that_leaves_a_long_request_frees_its_place_at_once(tiny_repository, server_factory, tmp_path):
+    """A request of many batches whose client went away kept waiting for its rows that were dropped: answered (to
+    nobody) at --request-timeout-s, counted a 504 (BertserveErrors) and holding its admission share all along (a
+    light client got 429s meanwhile). It is over at the next batch now: 499, nothing failed. The engine's sessions
+    sleep 50 ms a batch (benchmarks.sleeping_session): the request is surely in the middle when its client leaves."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLEEPING_SITECUSTOMIZE)
+    sleeping_session.copy_beside(site)
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", SLEEP_VARIABLE: "0.05,0"}
+    flags = ("--models", "bert-ner", "--engine-mode", "process", "--max-batch-size", "2", "--access-log", "json")
+    server = server_factory(tiny_repository, *flags, env=env)
+    assert sleeping_session.MARK in server.log()
+    body = json.dumps({"inputs": ["Peter Blackburn met Maria Lopez in Brussels."] * 64}).encode()  # 32 batches
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(
+            f"POST /v1/models/bert-ner/ner HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"x-request-id: gone\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(0.5)  # 10 of its 32 batches run, at most
+    left = time.monotonic()
+
+    def access_line() -> dict | None:
+        rows = [json.loads(row) for row in server.log().splitlines() if row.startswith("{")]
+        return next((row for row in rows if row.get("request_id") == "gone"), None)
+
+    assert wait_for(lambda: access_line() is not None, timeout=20), server.log()[-2000:]
+    assert time.monotonic() - left < 5  # at the next batch, not at the 30 s deadline
+    assert access_line()["status"] == 499, access_line()  # type: ignore[index]
+    with httpx.Client(base_url=server.url, timeout=30) as light:  # its place is free: a light request is answered
+        assert light.post("/v1/models/bert-ner/ner", json={"inputs": ["Maria met Peter."]}).status_code == 200

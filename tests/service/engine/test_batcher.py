@@ -14,7 +14,15 @@ import pytest
 
 from service.engine.batcher import Batcher
 from service.engine.buckets import ShapeGrid
-from service.errors import DeadlineExceeded, InferenceFailed, InvalidInput, NonFiniteOutput, NotReady, Overloaded
+from service.errors import (
+    ClientClosed,
+    DeadlineExceeded,
+    InferenceFailed,
+    InvalidInput,
+    NonFiniteOutput,
+    NotReady,
+    Overloaded,
+)
 from service.wire.ticket import Ticket
 from tests.service.conftest import wait_for, wait_for_async
 
@@ -353,6 +361,30 @@ def test_cancelled_tickets_are_skipped() -> None:
         return runner.batches
 
     batches = run(scenario)
+    assert not any(row.tag.startswith("gone") for batch in batches for row in batch)
+
+
+def test_a_request_whose_client_went_away_is_over_at_the_next_batch_not_at_its_deadline() -> None:
+    """Its rows not run yet are dropped, and its answer is ClientClosed (499) then: it waited for its deadline (a
+    504 at --request-timeout-s, its admission share held all that time)."""
+
+    async def scenario(batcher, runner, _):
+        runner.gate.clear()
+        first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+        await until(on_device(batcher, 1), "the first batch on the device")
+        gone = Ticket.with_timeout(30)
+        abandoned = asyncio.create_task(batcher.submit(rows("gone", [5, 6]), gone))
+        await until(lambda: batcher.queued_rows == 2, "its rows queued")
+        gone.cancel()  # the client went away (the HTTP layer's http.disconnect)
+        runner.gate.set()
+        await first
+        started = time.monotonic()
+        with pytest.raises(ClientClosed):
+            await asyncio.wait_for(abandoned, 5)
+        return time.monotonic() - started, runner.batches
+
+    seconds, batches = run(scenario)
+    assert seconds < 1.0
     assert not any(row.tag.startswith("gone") for batch in batches for row in batch)
 
 
