@@ -207,21 +207,15 @@ class InferenceGateway:
             token = bearer_token(scope)
             if token is None or not self.keys.verify(token):
                 return await _send_error(scope, send, unauthorized(token), headers)
-        body: bytes | None = None
-        length: int | None = None
-        if declared is None:  # chunked (or no body): read it first, bounded, so that too much is a 413
-            body_or_status = await self._bounded_body(scope, receive, send, headers)
-            if isinstance(body_or_status, int):
-                return body_or_status
-            body = body_or_status
-        elif declared.isdigit():
+        length: int | None = None  # None: chunked (or no body), read in the counted part, bounded (413 counted)
+        if declared is not None and declared.isdigit():
             length = int(declared)
             if length > self.max_bytes:
                 return await _send_error(scope, send, self._too_large(), headers)
         started = time.perf_counter()
         status = 500
         try:
-            status = await self._counted(scope, receive, send, endpoint, name, length, body, headers)
+            status = await self._counted(scope, receive, send, endpoint, name, length, headers)
             return status
         finally:
             path_model = scope.get(SCOPE_MODEL) if name is None else name
@@ -239,7 +233,6 @@ class InferenceGateway:
         endpoint: Endpoint,
         name: str | None,
         length: int | None,
-        body: bytes | None,
         headers: list[tuple[bytes, bytes]],
     ) -> int:
         refusal = json_only_refusal(scope)
@@ -254,12 +247,11 @@ class InferenceGateway:
         status = 500
         answering = False
         try:
-            if body is None:
-                body_or_status = await self._bounded_body(scope, receive, send, headers)
-                if isinstance(body_or_status, int):
-                    status = body_or_status
-                    return status
-                body = body_or_status
+            body_or_status = await self._bounded_body(scope, receive, send, headers)
+            if isinstance(body_or_status, int):
+                status = body_or_status
+                return status
+            body = body_or_status
             if coding is not None:
                 try:
                     body = content_coding.decoded(body, coding, self.max_bytes)
