@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from starlette import types
@@ -45,6 +45,14 @@ V2_INFER_ENDPOINT = "v2-infer"  # the request metrics' endpoint label of POST /v
 RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank"})
 MODEL_IN_BODY_PATHS = RERANK_PATHS | {OPENAI_EMBEDDINGS_PATH}
 SCOPE_MODEL = "bertserve.model"
+
+
+def note_body_model(scope: MutableMapping[str, Any], data: Any) -> None:
+    """The model a body names, in the scope for the metrics as soon as the JSON is read: a body that then fails
+    validation (422) was counted under `unknown` though it named a served model. (Not a served one: still
+    `unknown`, the gateway's bounded labels.)"""
+    if isinstance(data, dict) and isinstance(model := data.get("model"), str):
+        scope[SCOPE_MODEL] = model
 
 
 def drain_cut(scope: Mapping[str, Any]) -> NotReady | None:

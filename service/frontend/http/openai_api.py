@@ -21,7 +21,7 @@ from starlette.responses import Response
 from service.errors import InvalidInput
 from service.frontend.http import schemas
 from service.frontend.http.json_answer import JsonAnswer
-from service.frontend.http.middleware import OPENAI_EMBEDDINGS_PATH, SCOPE_MODEL
+from service.frontend.http.middleware import OPENAI_EMBEDDINGS_PATH, SCOPE_MODEL, note_body_model
 from service.frontend.http.routes import (
     ERRORS,
     AdapterRoute,
@@ -73,6 +73,7 @@ def token_arrays(data: Any) -> bool:
 
 async def serve(request: Request) -> Response:
     data = await json_body(request)
+    note_body_model(request.scope, data)
     if token_arrays(data):
         raise InvalidInput(TOKEN_IDS_REFUSED, field="input")
     body = parse_body(schemas.OpenAIEmbeddingRequest, data)

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from service.errors import InvalidInput
 from service.frontend.http import schemas
 from service.frontend.http.json_answer import JsonAnswer
-from service.frontend.http.middleware import SCOPE_MODEL
+from service.frontend.http.middleware import SCOPE_MODEL, note_body_model
 from service.frontend.http.routes import AdapterRoute, admitted, json_body, parse_body, server_state, timing_headers
 from service.frontend.http.state import ServerState
 from service.frontend.pipeline import Timings
@@ -52,7 +52,9 @@ def envelope(
 
 
 async def serve_v1(request: Request) -> Response:
-    body = parse_body(schemas.RerankRequest, await json_body(request))
+    data = await json_body(request)
+    note_body_model(request.scope, data)
+    body = parse_body(schemas.RerankRequest, data)
     server = server_state(request)
     name = body.model if body.model is not None else only_rerank_model(server)
     request.scope[SCOPE_MODEL] = name
@@ -68,7 +70,9 @@ async def serve_v1(request: Request) -> Response:
 
 
 async def serve_v2(request: Request) -> Response:
-    body = parse_body(schemas.RerankV2Request, await json_body(request))
+    data = await json_body(request)
+    note_body_model(request.scope, data)
+    body = parse_body(schemas.RerankV2Request, data)
     server = server_state(request)
     request.scope[SCOPE_MODEL] = body.model
     async with admitted(request) as ticket:

@@ -82,6 +82,19 @@ def test_a_rerank_request_is_one_requests_rows(tiny_server: Server) -> None:
     assert counted(metrics, RERANK_MODEL, "rerank") >= 1
 
 
+def test_a_refused_body_is_counted_under_the_model_it_names(tiny_server: Server) -> None:
+    """A 422 on a route whose body names the model was counted under `unknown`, though that model is served."""
+    bad = {"query": "q", "documents": ["d"], "top_n": 0}
+    with tiny_server.client() as client:
+        before = client.get("/metrics").text
+        for path in ("/v1/rerank", "/v2/rerank"):
+            assert client.post(path, json={"model": RERANK_MODEL, **bad}).status_code == 422
+        assert client.post("/v2/rerank", json={"model": "no-such-model", **bad}).status_code == 422
+        after = client.get("/metrics").text
+    assert counted(after, RERANK_MODEL, "rerank", "422") - counted(before, RERANK_MODEL, "rerank", "422") == 2
+    assert counted(after, "unknown", "rerank", "422") - counted(before, "unknown", "rerank", "422") == 1  # bounded
+
+
 BAD_REQUESTS = [
     # (path, body, status, error_type, field)
     ("/v1/rerank", {"model": "bert-classification", "query": "q", "documents": ["d"]}, 400, "wrong_task", None),
