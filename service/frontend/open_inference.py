@@ -304,7 +304,9 @@ async def _classify(
     if not _whole(top_k) or top_k < 1:
         raise InvalidInput(f"parameter top_k must be a whole number of at least 1, not {shown(top_k)}", field="top_k")
     pairs = texts.get("text_pair")
-    inputs: list[Any] = list(texts["text"]) if pairs is None else list(zip(texts["text"], pairs, strict=True))
+    inputs: list[Any] = list(texts["text"])
+    if pairs is not None:  # an empty second text is none, as the pipeline's tokenizer reads it (TextPair.as_input)
+        inputs = [(text, pair) if pair else text for text, pair in zip(inputs, pairs, strict=True)]
     results, timings = await pipeline.classify(name, inputs, top_k, ticket)
     k = len(results[0]) if results else 0
     shape = [len(results), k]

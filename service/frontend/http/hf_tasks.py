@@ -51,7 +51,7 @@ class HfTask:
 async def _text_classification(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[Any, Timings]:
     params = body.parameters or schemas.HfClassificationParameters()
     items = body.inputs if isinstance(body.inputs, list) else [body.inputs]
-    inputs = [item if isinstance(item, str) else (item.text, item.text_pair) for item in items]
+    inputs = [item if isinstance(item, str) else item.as_input() for item in items]
     return await pipeline.classify(name, inputs, params.top_k, ticket, params.function_to_apply)
 
 

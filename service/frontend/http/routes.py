@@ -239,7 +239,7 @@ def why_not_json(exc: Exception) -> str:
 
 async def _classify(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[list, Timings]:
     items = body.inputs if isinstance(body.inputs, list) else [body.inputs]
-    inputs = [item if isinstance(item, str) else (item.text, item.text_pair) for item in items]
+    inputs = [item if isinstance(item, str) else item.as_input() for item in items]
     return await pipeline.classify(name, inputs, body.top_k, ticket)
 
 

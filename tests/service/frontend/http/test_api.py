@@ -138,7 +138,7 @@ BAD_REQUESTS = [
         for path, single, field in [
             ("/v1/models/bert-qa/qa", {"question": "", "context": "c"}, "inputs.0.question"),
             ("/v1/models/bert-qa/qa", {"question": "q"}, "inputs.0.context"),
-            ("/v1/models/bert-classification/classify", {"text": "a"}, "inputs.0.text_pair"),
+            ("/v1/models/bert-classification/classify", {"text": "a", "text_pair": 3}, "inputs.0.text_pair"),
         ]
     ],
     ("POST", "/v1/models/no-such-model/classify", {"json": {"inputs": ["x"]}}, 404, "not_found", None),
