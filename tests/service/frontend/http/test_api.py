@@ -359,7 +359,7 @@ UNION_ERRORS = [
     # (body, field, in the message, not in the message): a union's alternatives whose type the value is not (a
     # string, a pair object, where a list came) are not what is wrong with it
     ({"inputs": []}, "inputs", "at least 1 item", "valid string"),
-    ({"inputs": [{"text": "a"}], "top_k": 0}, "inputs.0.text_pair", "(also: top_k)", "valid string"),
+    ({"inputs": [{"text_pair": "b"}], "top_k": 0}, "inputs.0.text", "(also: top_k)", "valid string"),
     ({"inputs": ["a", {"text": "b", "text_pair": 3}]}, "inputs.1.text_pair", "valid string", "(also"),
     # where no alternative's type fits, they all are
     ({"inputs": True}, "inputs", "valid string", None),
