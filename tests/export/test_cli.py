@@ -14,6 +14,7 @@ import transformers
 
 from export.cli import main
 from tests.harness.environment import offline_env
+from tests.harness.serving import sigint_by_default
 from tests.tiny_models import make_config, make_tokenizer, with_bert_specials
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -288,7 +289,9 @@ def test_ctrl_c_mid_demo_says_which_entries_it_kept(tmp_path: Path) -> None:
 
     repository = tmp_path / "models"
     command = [sys.executable, "-m", "export", "demo", "--repository", str(repository), "--source", "random"]
-    process = subprocess.Popen(command, cwd=ROOT, env=offline_env(), stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=offline_env(), stderr=subprocess.PIPE, text=True, preexec_fn=sigint_by_default
+    )  # SIGINT as a terminal's job has it (a background runner's children inherit it ignored)
     deadline = time.monotonic() + 180
     while not (repository / "demo-sentiment" / "model.json").is_file() and time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()[1]

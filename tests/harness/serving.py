@@ -72,6 +72,11 @@ class ServiceProcess:
             return self.process.wait(5)
 
 
+def sigint_by_default() -> None:
+    """In a child before it runs (Popen's preexec_fn): SIGINT at its default, as a terminal's foreground job has it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(
     command: list[str],
     log_path: Path | None = None,
@@ -87,13 +92,15 @@ def start(
     port = port or free_port()
     env = offline_env({**(env or {}), "PYTHONUNBUFFERED": "1"})
     full = [sys.executable, *command, "--port", str(port)]
-    group = 0 if own_group else None
+    # As a shell starts a foreground job: in a group of its own, SIGINT at its default (a background runner, CI's
+    # included, hands its children SIGINT ignored, and Python then takes no KeyboardInterrupt)
+    group, reset = (0, sigint_by_default) if own_group else (None, None)
     if log_path is None:
-        process = subprocess.Popen(full, cwd=source, env=env, process_group=group)
+        process = subprocess.Popen(full, cwd=source, env=env, process_group=group, preexec_fn=reset)
     else:
         with log_path.open("w") as log:
             process = subprocess.Popen(
-                full, cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT, process_group=group
+                full, cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT, process_group=group, preexec_fn=reset
             )
     return ServiceProcess(f"http://127.0.0.1:{port}", process, log_path)
 
