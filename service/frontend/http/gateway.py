@@ -38,7 +38,13 @@ from service.frontend.admission import SCOPE_ADMISSION, Door
 from service.frontend.http import content_coding, traces
 from service.frontend.http import errors as http_errors
 from service.frontend.http.auth import ApiKeys, bearer_token, unauthorized
-from service.frontend.http.middleware import SCOPE_MODEL, drain_cut, endpoint_label, json_only_refusal
+from service.frontend.http.middleware import (
+    SCOPE_MODEL,
+    drain_cut,
+    endpoint_label,
+    json_only_refusal,
+    read_body,
+)
 from service.frontend.http.state import ServerState
 from service.logs import (
     REQUEST_ID,
@@ -235,10 +241,10 @@ class InferenceGateway:
         length: int | None,
         headers: list[tuple[bytes, bytes]],
     ) -> int:
-        refusal = json_only_refusal(scope)
+        coding = content_coding.body_coding(scope["headers"])
+        refusal = json_only_refusal(scope, coding)
         if refusal is not None:
             return await _send_error(scope, send, UnsupportedMediaType(refusal), headers)
-        coding = content_coding.body_coding(scope["headers"])
         door = self.door
         admission = door.try_enter(length if coding is None else None, name)  # a coded body's size says little
         if admission is None:
@@ -285,30 +291,12 @@ class InferenceGateway:
     ) -> bytes | int:
         """The body; or, where there is none to serve, the status of what happened: 413 answered (over the limit),
         499 where the client left before its body was in (nobody to answer, and nothing failed here)."""
-        body = await self._read_body(receive)
+        body = await read_body(receive, self.max_bytes)
         if body is None:
             return CLIENT_CLOSED
         if len(body) > self.max_bytes:
             return await _send_error(scope, send, self._too_large(), headers)
         return body
-
-    async def _read_body(self, receive: Callable) -> bytes | None:
-        """The whole body, reading no more than one message past the limit; None where the client left first."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None
-            chunk = message.get("body", b"")
-            if chunk:
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > self.max_bytes:
-                    break
-            if not message.get("more_body", False):
-                break
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes")

@@ -141,11 +141,11 @@ class JsonOnlyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST" and is_inference(scope.get("path", "")):
-            refusal = json_only_refusal(scope)
+            coding = content_coding.body_coding(scope.get("headers") or [])
+            refusal = json_only_refusal(scope, coding)
             if refusal is not None:
                 await send_error(send, UnsupportedMediaType(refusal))
                 return
-            coding = content_coding.body_coding(scope.get("headers") or [])
             if coding is not None:
                 await self._decoded(scope, receive, send, coding)
                 return
@@ -153,26 +153,23 @@ class JsonOnlyMiddleware:
 
     async def _decoded(self, scope: Scope, receive: Callable, send: Callable, coding: bytes) -> None:
         """The app, given the body decoded (gzip or deflate; bounded by the body limit, as the gateway's)."""
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client left before the body was in
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
+        coded = await read_body(receive, self.max_bytes)  # within the limit: BodyLimitMiddleware is outside
+        if coded is None:  # the client left before the body was in
+            return
         try:
-            body = content_coding.decoded(b"".join(chunks), coding, self.max_bytes)
+            body = content_coding.decoded(coded, coding, self.max_bytes)
         except ServiceError as exc:
             await send_error(send, exc)
             return
         await self.app(scope, replaying(body, receive), send)
 
 
-def json_only_refusal(scope: Scope) -> str | None:
+def json_only_refusal(scope: Scope, coding: bytes | None) -> str | None:
     """Why an inference request's body is refused as not JSON (415), or None where it is JSON (or says nothing).
-    A body in a content coding other than gzip and deflate (`content_coding`) is refused too, as RFC 9110 says of a
-    coding the server does not take."""
+    A body in a content coding (`coding`: `content_coding.body_coding`'s) other than gzip and deflate is refused
+    too, as RFC 9110 says of a coding the server does not take."""
+    if coding is not None and (refused := content_coding.refusal(coding)) is not None:
+        return refused
     declared = None
     binary = False
     for name, value in scope.get("headers") or ():
@@ -180,10 +177,6 @@ def json_only_refusal(scope: Scope) -> str | None:
             declared = value
         elif name == b"inference-header-content-length":
             binary = True
-        elif name == b"content-encoding":
-            coding = content_coding.body_coding(scope["headers"])  # every Content-Encoding header, as one list
-            if coding is not None and (refused := content_coding.refusal(coding)) is not None:
-                return refused
     if binary:
         return None  # Triton's binary tensor data: JSON, then bytes
     media = declared.split(b";")[0].strip().lower() if declared is not None else b"application/json"
@@ -191,6 +184,26 @@ def json_only_refusal(scope: Scope) -> str | None:
         return None
     shown = media.decode("latin-1")[:100]
     return f"the body must be JSON (Content-Type: application/json), not {shown or 'empty'}"
+
+
+async def read_body(receive: Callable, max_bytes: int) -> bytes | None:
+    """The whole body, reading no more than one message past `max_bytes` (a caller finds it longer than that, and
+    refuses it); None where the client left first."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        if chunk:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                break
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def replaying(body: bytes, receive: Callable) -> Callable:
@@ -288,20 +301,13 @@ class BodyLimitMiddleware:
                 await self._reject(send)
 
     async def _buffered(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client left before the body was in
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._reject(send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        await self.app(scope, replaying(b"".join(chunks), receive), send)
+        body = await read_body(receive, self.max_bytes)
+        if body is None:  # the client left before the body was in
+            return
+        if len(body) > self.max_bytes:
+            await self._reject(send)
+            return
+        await self.app(scope, replaying(body, receive), send)
 
     async def _reject(self, send: Callable) -> None:
         await send_error(send, PayloadTooLarge(f"the request body is larger than {self.max_bytes} bytes"))
