@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from bertcore.messages import shown
+from bertcore.tasks.classification import text_input
 from bertcore.tasks.ner import AGGREGATION_STRATEGIES
 from bertcore.version import __version__
 from service.errors import BadRequest, InvalidInput, NotReady
@@ -305,8 +306,8 @@ async def _classify(
         raise InvalidInput(f"parameter top_k must be a whole number of at least 1, not {shown(top_k)}", field="top_k")
     pairs = texts.get("text_pair")
     inputs: list[Any] = list(texts["text"])
-    if pairs is not None:  # an empty second text is none, as the pipeline's tokenizer reads it (TextPair.as_input)
-        inputs = [(text, pair) if pair else text for text, pair in zip(inputs, pairs, strict=True)]
+    if pairs is not None:  # an empty second text is none, as the pipeline reads it
+        inputs = [text_input(text, pair) for text, pair in zip(inputs, pairs, strict=True)]
     results, timings = await pipeline.classify(name, inputs, top_k, ticket)
     k = len(results[0]) if results else 0
     shape = [len(results), k]

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from bertcore.tasks.classification import TextInput, text_input
 from bertcore.tasks.qa import MAX_ANSWER_LEN, MAX_TOP_K, MIN_SEQ_LEN
 from service.settings import MAX_INPUTS_CEILING
 
@@ -24,10 +25,9 @@ class TextPair(Strict):
         None, description='second segment; absent, null or "": the text alone, as the transformers pipeline reads it'
     )
 
-    def as_input(self) -> str | tuple[str, str]:
-        """The text, or the pair: the pipeline's tokenizer call, `tokenizer(text, text_pair="")`, encodes an empty
-        second segment as none ([CLS] a [SEP]); it was encoded [CLS] a [SEP] [SEP], scores up to 0.056 apart."""
-        return (self.text, self.text_pair) if self.text_pair else self.text
+    def as_input(self) -> TextInput:
+        """The text, or the pair, as the pipeline reads it (`classification.text_input`)."""
+        return text_input(self.text, self.text_pair)
 
 
 ClassifyInput = Annotated[str | TextPair, Field(description="a text, or a text pair")]
