@@ -115,12 +115,12 @@ class ServerState:
         version, offer = report.get("version"), report.get("offer")
         if report.get("status") != ModelStatus.READY or not version or (name, version, offer) in registry.rejected:
             return
-        judged = served.self_tested or served.error is not None
-        if served.version == version and served.offer == offer and served.retired_at is None and judged:
-            return  # this very load is served (or failed) here already
-        if served.version == version and served.self_tested and served.retired_at is None and served.error is None:
-            served.offer = offer  # the same version the engine loaded again (a restart): served as it was
-            return
+        if served.version == version and served.retired_at is None:  # not unloaded meanwhile: judged here already
+            if served.self_tested and served.error is None:
+                served.offer = offer  # served; loaded again by the engine (a restart) it is served as it was
+                return
+            if served.error is not None and served.offer == offer:
+                return  # this very load failed here (loaded again, it is judged again)
         model = await registry.prepare(name, version)
         model.engine_report, model.offer = report, offer
         if model.error is None:
