@@ -345,14 +345,21 @@ def test_deadline_drops_work_that_has_not_run() -> None:
     assert not any(row.tag.startswith("late") for batch in batches for row in batch)
 
 
+async def queued_behind_a_batch(batcher, runner, gone: Ticket) -> tuple[asyncio.Task, asyncio.Task]:
+    """A batch held on the device (the runner's gate closed) and, queued behind it, two rows of `gone`'s request:
+    the task of each."""
+    runner.gate.clear()
+    first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+    await until(on_device(batcher, 1), "the first batch on the device")
+    abandoned = asyncio.create_task(batcher.submit(rows("gone", [5, 6]), gone))
+    await until(lambda: batcher.queued_rows == 2, "its rows queued")
+    return first, abandoned
+
+
 def test_cancelled_tickets_are_skipped() -> None:
     async def scenario(batcher, runner, _):
-        runner.gate.clear()
-        first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
-        await until(on_device(batcher, 1), "the first batch on the device")
         gone = Ticket.with_timeout(5)
-        abandoned = asyncio.create_task(batcher.submit(rows("gone", [5, 6]), gone))
-        await until(lambda: batcher.queued_rows == 2, "its rows queued")
+        first, abandoned = await queued_behind_a_batch(batcher, runner, gone)
         gone.cancelled = True  # the client went away
         abandoned.cancel()
         runner.gate.set()
@@ -369,12 +376,8 @@ def test_a_request_whose_client_went_away_is_over_at_the_next_batch_not_at_its_d
     504 at --request-timeout-s, its admission share held all that time)."""
 
     async def scenario(batcher, runner, _):
-        runner.gate.clear()
-        first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
-        await until(on_device(batcher, 1), "the first batch on the device")
         gone = Ticket.with_timeout(30)
-        abandoned = asyncio.create_task(batcher.submit(rows("gone", [5, 6]), gone))
-        await until(lambda: batcher.queued_rows == 2, "its rows queued")
+        first, abandoned = await queued_behind_a_batch(batcher, runner, gone)
         gone.cancel()  # the client went away (the HTTP layer's http.disconnect)
         runner.gate.set()
         await first
