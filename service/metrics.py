@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set by the launcher in process mode: one view over all processes
+FOLDED = "exited"  # the files of a multiprocess directory that hold the totals of every process that exited
+FOLD_LOCK = ".fold.lock"  # taken to fold (exclusive) and to merge (shared): a scrape sees a fold whole or not at all
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -229,15 +233,47 @@ def forget(gauge: Gauge, *labels: str) -> None:
             gauge.remove(*labels)
 
 
+@contextlib.contextmanager
+def _fold_lock(directory: str, *, exclusive: bool) -> Iterator[None]:
+    with open(os.path.join(directory, FOLD_LOCK), "a") as lock:  # closing it lets go
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
+def fold_exited_process(pid: int, directory: str) -> None:
+    """A process of a multiprocess directory has exited: its live gauges go (prometheus_client's
+    `mark_process_dead`), and its counters' and histograms' values are added to the directory's `FOLDED` files and
+    its own files removed. The merged totals stay as they were, and a server whose processes restart many times
+    keeps a file per kind of metric for all of them, not one per process that ever ran (each read at every scrape).
+    A scrape waits for a fold under way (`_fold_lock`): it never counts a value twice, or not at all."""
+    mark_process_dead(pid, directory)
+    with _fold_lock(directory, exclusive=True):
+        for kind in ("counter", "histogram", "summary"):
+            exited = os.path.join(directory, f"{kind}_{pid}.db")
+            if not os.path.exists(exited):
+                continue
+            totals = MmapedDict(os.path.join(directory, f"{kind}_{FOLDED}.db"))
+            try:
+                for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(exited):
+                    total, _ = totals.read_value(key)
+                    totals.write_value(key, total + value, timestamp)
+            finally:
+                totals.close()
+            os.remove(exited)
+
+
 class _Merged(Collector):
     """Every process's metrics merged (prometheus_client's MultiProcessCollector), less the gauges' forgotten series
     (`forget`'s marks): no gauge here has an infinite value of its own."""
 
     def __init__(self, directory: str) -> None:
+        self._directory = directory
         self._processes = MultiProcessCollector(None, path=directory)
 
     def collect(self) -> Iterable[Metric]:
-        for metric in self._processes.collect():
+        with _fold_lock(self._directory, exclusive=False):
+            metrics = list(self._processes.collect())
+        for metric in metrics:
             if metric.type == "gauge":
                 metric.samples = [sample for sample in metric.samples if not math.isinf(sample.value)]
             yield metric

@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import Counter, values
-from prometheus_client.multiprocess import mark_process_dead
 
-from service.metrics import MULTIPROCESS_DIR
+from service.metrics import MULTIPROCESS_DIR, fold_exited_process
 from service.probes import HeartbeatFile, liveness
 from service.settings import ENV_PREFIX, Settings
 
@@ -288,7 +287,7 @@ class Launcher:
                 quick = time.monotonic() - child.started < QUICK_EXIT_S
                 child.quick_exits = child.quick_exits + 1 if quick else 0
                 log.error("%s (pid %d) exited with %s; restarting it", child.name, child.pids[-1], code)
-                mark_process_dead(child.pids[-1], str(self.metrics_dir))
+                fold_exited_process(child.pids[-1], str(self.metrics_dir))
                 if child.quick_exits >= MAX_QUICK_EXITS:
                     log.error("%s keeps failing at start; stopping the server", child.name)
                     return 1

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.metrics import MULTIPROCESS_DIR
 from tests.harness.serving import free_port, start_service
 from tests.service.conftest import wait_for
 from tests.service.test_scheduling import assert_admitted_work_finished, metric, sigterm_during_burst
@@ -62,6 +63,11 @@ def restarts(server) -> dict[tuple[str, str], float]:
 
 
 NO_RESTARTS = {(process, reason): 0.0 for process in ("engine", "front-end") for reason in ("exited", "stuck")}
+
+
+def process_environment(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode().split("=", 1) for entry in entries if b"=" in entry)
 
 
 def engine_pids(log: str) -> list[int]:
@@ -166,6 +172,7 @@ def test_an_engine_that_dies_is_restarted_and_its_requests_get_503(tiny_reposito
         futures = [pool.submit(ask, i) for i in range(6)]
         # kill it while rows wait in its queue: those requests are in flight with the engine for certain
         assert wait_for(lambda: metric(server, "bertserve_queue_depth", model="albert-qa") > 0, timeout=30)
+        batches_before = metric(server, "bertserve_batch_size_count", model="albert-qa")
         os.kill(first_engine, signal.SIGKILL)
         # the front-ends notice at once that their engine is gone
         not_ready = wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 503, timeout=10)
@@ -182,6 +189,11 @@ def test_an_engine_that_dies_is_restarted_and_its_requests_get_503(tiny_reposito
     answers = ask_everything(server.url)
     assert all("results" in answer for answer in answers), (answers, server.log())
     assert restarts(server) == {**NO_RESTARTS, ("engine", "exited"): 1.0}
+    # the dead engine's batches are still counted, from the directory's folded totals, not a file of its own
+    assert metric(server, "bertserve_batch_size_count", model="albert-qa") >= batches_before
+    directory = Path(process_environment(engine_pids(server.log())[-1])[MULTIPROCESS_DIR])
+    assert not list(directory.glob(f"*_{first_engine}.db")), sorted(path.name for path in directory.iterdir())
+    assert (directory / "histogram_exited.db").exists()
 
 
 def test_a_request_that_arrives_while_the_engine_restarts_waits_for_it(tiny_repository: Path, server_factory):
