@@ -1,6 +1,7 @@
 """Request bodies in a content coding (RFC 9110 8.4): gzip and deflate, as Triton's HTTP endpoint takes them and
 tritonclient sends them (`infer(..., request_compression_algorithm="gzip" | "deflate")`); any other coding is a
-415 that names the ones taken.
+415 that names the ones taken. Answers are not coded, but for /metrics, gzip where the client accepts it
+(`accepts_gzip`): Prometheus asks for it at every scrape.
 
 The body limit holds twice: the bytes that arrive (the body as sent, before decoding) and the bytes they decode
 to, which stop at `max_bytes` + 1 (a 413, so a small body that inflates to gigabytes costs one limit's worth of
@@ -63,3 +64,23 @@ def decoded(body: bytes, coding: bytes, max_bytes: int) -> bytes:
             return parts[0] if len(parts) == 1 else b"".join(parts)
         if wbits != CODINGS[b"gzip"]:
             raise BadRequest(f"the body has {len(rest)} bytes after its {coding.decode()} data")
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding value (RFC 9110 12.5.3) takes gzip: named, or `*`, with a weight above 0 (a
+    `gzip;q=0` refuses it whatever `*` says)."""
+    weights: dict[str, float] = {}
+    for item in accept_encoding.split(","):
+        coding, _, parameters = item.partition(";")
+        weight = 1.0
+        name, _, value = parameters.strip().partition("=")
+        if name.strip().lower() == "q":
+            try:
+                weight = float(value)
+            except ValueError:
+                weight = 0.0
+        weights[coding.strip().lower()] = weight
+    for coding in ("gzip", "x-gzip", "*"):
+        if coding in weights:
+            return weights[coding] > 0
+    return False

@@ -431,6 +431,23 @@ def test_qa_work_is_refused_before_it_is_done(tiny_server, pairs, params, field,
         assert QA_CONTEXT[answer["start"] : answer["end"]] == answer["answer"]
 
 
+def test_metrics_are_gzipped_for_a_client_that_takes_gzip(tiny_server) -> None:
+    """Prometheus asks for gzip at every scrape; a client that does not take it gets the exposition as it is."""
+    with tiny_server.client() as client:
+        plain = client.get("/metrics", headers={"accept-encoding": "identity"})
+        refused = client.get("/metrics", headers={"accept-encoding": "gzip;q=0, deflate"})
+        coded = client.stream("GET", "/metrics", headers={"accept-encoding": "gzip"})
+        with coded as response:
+            raw = b"".join(response.iter_raw())
+            headers = response.headers
+    assert "content-encoding" not in plain.headers and "content-encoding" not in refused.headers
+    assert plain.headers["vary"] == headers["vary"] == "Accept-Encoding"
+    assert headers["content-encoding"] == "gzip" and int(headers["content-length"]) == len(raw)
+    assert len(raw) < len(plain.content) / 3
+    names = {family.name for family in text_string_to_metric_families(gzip.decompress(raw).decode())}
+    assert names == {family.name for family in text_string_to_metric_families(plain.text)}
+
+
 def test_metrics_are_exposed_in_prometheus_format(tiny_server) -> None:
     with tiny_server.client() as client:
         client.post("/v1/models/bert-classification/classify", json={"inputs": ["count me"]})

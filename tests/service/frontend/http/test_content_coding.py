@@ -59,3 +59,24 @@ def test_codings_taken_and_refused() -> None:
     assert "gzip, gzip is not one" in str(content_coding.refusal(b"gzip, gzip"))
     assert content_coding.refusal(b"deflate") is None
     assert "br is not one this server decodes (gzip, deflate or none)" in str(content_coding.refusal(b"br"))
+
+
+@pytest.mark.parametrize(
+    ("accept_encoding", "takes_gzip"),
+    [
+        ("gzip", True),
+        ("gzip, deflate", True),  # httpx's and Prometheus' (Prometheus sends gzip alone)
+        ("GZIP;q=0.5", True),
+        ("x-gzip", True),
+        ("*", True),
+        ("br;q=1, *;q=0.1", True),
+        ("", False),
+        ("identity", False),
+        ("deflate, br", False),
+        ("gzip;q=0", False),
+        ("gzip;q=0, *", False),  # named and refused: `*` stands for the codings not named
+        ("gzip;q=nonsense", False),
+    ],
+)
+def test_accept_encoding_read_for_gzip(accept_encoding: str, takes_gzip: bool) -> None:
+    assert content_coding.accepts_gzip(accept_encoding) is takes_gzip
