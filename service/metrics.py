@@ -6,7 +6,8 @@ import contextlib
 import fcntl
 import math
 import os
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -18,7 +19,9 @@ from prometheus_client.registry import Collector
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set by the launcher in process mode: one view over all processes
 FOLDED = "exited"  # the files of a multiprocess directory that hold the totals of every process that exited
-FOLD_LOCK = ".fold.lock"  # taken to fold (exclusive) and to merge (shared): a scrape sees a fold whole or not at all
+FOLD_LOCK = (
+    ".fold.lock"  # flock()ed to fold (exclusive) and to merge (shared): a scrape sees a fold whole or not at all
+)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -233,21 +236,25 @@ def forget(gauge: Gauge, *labels: str) -> None:
             gauge.remove(*labels)
 
 
-@contextlib.contextmanager
-def _fold_lock(directory: str, *, exclusive: bool) -> Iterator[None]:
-    with open(os.path.join(directory, FOLD_LOCK), "a") as lock:  # closing it lets go
-        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
-
-
-def fold_exited_process(pid: int, directory: str) -> None:
+def fold_exited_process(pid: int, directory: str, wait_s: float = 0.5) -> bool:
     """A process of a multiprocess directory has exited: its live gauges go (prometheus_client's
     `mark_process_dead`), and its counters' and histograms' values are added to the directory's `FOLDED` files and
     its own files removed. The merged totals stay as they were, and a server whose processes restart many times
     keeps a file per kind of metric for all of them, not one per process that ever ran (each read at every scrape).
-    A scrape waits for a fold under way (`_fold_lock`): it never counts a value twice, or not at all."""
+    A scrape holds the directory's lock shared while it reads (`_Merged`), so it sees a fold whole or not at all.
+    False, nothing folded, where a scrape held the lock for `wait_s` (a front-end stopped in the middle of one):
+    the caller, which must not hang on it, tries again later."""
     mark_process_dead(pid, directory)
-    with _fold_lock(directory, exclusive=True):
+    with open(os.path.join(directory, FOLD_LOCK), "a") as lock:  # closing it lets go
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.005)
         for kind in ("counter", "histogram", "summary"):
             exited = os.path.join(directory, f"{kind}_{pid}.db")
             if not os.path.exists(exited):
@@ -260,6 +267,7 @@ def fold_exited_process(pid: int, directory: str) -> None:
             finally:
                 totals.close()
             os.remove(exited)
+    return True
 
 
 class _Merged(Collector):
@@ -271,7 +279,8 @@ class _Merged(Collector):
         self._processes = MultiProcessCollector(None, path=directory)
 
     def collect(self) -> Iterable[Metric]:
-        with _fold_lock(self._directory, exclusive=False):
+        with open(os.path.join(self._directory, FOLD_LOCK), "a") as lock:  # closing it lets go
+            fcntl.flock(lock, fcntl.LOCK_SH)
             metrics = list(self._processes.collect())
         for metric in metrics:
             if metric.type == "gauge":

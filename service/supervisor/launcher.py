@@ -181,6 +181,7 @@ class Launcher:
         metrics_dir.mkdir()
         self.metrics_dir = metrics_dir
         self.restarts = restart_counter(metrics_dir)
+        self.unfolded: list[int] = []  # processes that exited, whose metric files are still to fold
         # several front-ends share the cores: the tokenizers library's own thread pool in each would only fight
         self.env = {
             "TOKENIZERS_PARALLELISM": "false",
@@ -275,6 +276,9 @@ class Launcher:
     def _supervise(self) -> int:
         while not self.stopping:
             time.sleep(POLL_S)
+            # exited processes' metrics: each folded once no scrape holds the directory (one stopped mid-scrape
+            # would hold it until it is killed as stuck, further down this loop)
+            self.unfolded = [pid for pid in self.unfolded if not fold_exited_process(pid, str(self.metrics_dir), 0.05)]
             for child in (*self.engines, *self.frontends):
                 code = child.exited()
                 if code is None and not self.stopping and (why := child.stuck(self.settings.liveness_stall_s)):
@@ -287,7 +291,8 @@ class Launcher:
                 quick = time.monotonic() - child.started < QUICK_EXIT_S
                 child.quick_exits = child.quick_exits + 1 if quick else 0
                 log.error("%s (pid %d) exited with %s; restarting it", child.name, child.pids[-1], code)
-                fold_exited_process(child.pids[-1], str(self.metrics_dir))
+                if not fold_exited_process(child.pids[-1], str(self.metrics_dir), 0.05):
+                    self.unfolded.append(child.pids[-1])
                 if child.quick_exits >= MAX_QUICK_EXITS:
                     log.error("%s keeps failing at start; stopping the server", child.name)
                     return 1

@@ -5,15 +5,17 @@ counters and histograms folded into the directory's totals, which the merge repo
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.metrics import MULTIPROCESS_DIR, Metrics, fold_exited_process, forget, merged_exposition
+from service.metrics import FOLD_LOCK, MULTIPROCESS_DIR, Metrics, fold_exited_process, forget, merged_exposition
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,3 +144,19 @@ def test_a_scrape_during_folds_never_sees_a_total_fall_or_jump(tmp_path: Path) -
         done.set()
         scraper.join()
     assert seen and set(seen) == {8.0}, sorted(set(seen))
+
+
+def test_a_scrape_that_never_ends_holds_off_the_fold_without_hanging_it(tmp_path: Path) -> None:
+    """A front-end stopped in the middle of a scrape holds the directory's lock (shared) until the launcher kills
+    it: the launcher's fold gives up within its wait, folds nothing, and folds it all once the lock is free."""
+    pid = count(tmp_path, "classify=2")
+    before = samples(merged_exposition(str(tmp_path)))
+    with open(tmp_path / FOLD_LOCK, "a") as scrape:
+        fcntl.flock(scrape, fcntl.LOCK_SH)
+        started = time.monotonic()
+        assert fold_exited_process(pid, str(tmp_path), wait_s=0.2) is False
+        assert 0.2 <= time.monotonic() - started < 5
+        assert (tmp_path / f"counter_{pid}.db").exists() and not (tmp_path / "counter_exited.db").exists()
+    assert fold_exited_process(pid, str(tmp_path)) is True
+    assert not (tmp_path / f"counter_{pid}.db").exists()
+    assert samples(merged_exposition(str(tmp_path))) == before
