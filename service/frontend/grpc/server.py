@@ -126,8 +126,8 @@ class InferenceService:
         if admission is None:
             raise door.overloaded()
         completed = False
+        ticket = _ticket(state.settings, context)
         try:
-            ticket = _ticket(state.settings, context)
             ticket.on_charge.append(admission.charge)
             ticket.admitted_model = admission.model_name
             try:
@@ -137,6 +137,7 @@ class InferenceService:
                 raise
             completed = True
         finally:
+            ticket.done()  # the version it used is free to retire
             admission.leave(completed=completed)
         response = pb.ModelInferResponse(model_name=model.name, id=request.id)
         for output in result.outputs:

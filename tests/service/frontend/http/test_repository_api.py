@@ -12,9 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.harness.serving import free_port
 from tests.service.conftest import run_service, wait_for
 from tests.service.lifecycle import Traffic, models, publish, samples
 
@@ -36,14 +39,17 @@ def explicit(request, tiny_repository: Path, tmp_path_factory: pytest.TempPathFa
     for name, key in (("admin.keys", ADMIN_KEY), ("user.keys", USER_KEY)):
         (root / name).write_text(key + "\n")
         (root / name).chmod(0o600)
+    grpc_port = free_port()
     server = server_factory(
         repository,
         *("--engine-mode", request.param, "--frontends", "2", "--model-control", "explicit", "--model", "a"),
+        *("--grpc-port", str(grpc_port)),
         *("--admin-api-key-file", str(root / "admin.keys"), "--api-key-file", str(root / "user.keys")),
         *("--metrics-auth", "open"),
     )
     server.repository = repository
     server.source = tiny_repository
+    server.grpc = f"127.0.0.1:{grpc_port}"
     return server
 
 
@@ -349,3 +355,25 @@ def test_a_model_loaded_again_while_it_unloads_serves_and_reloads_without_a_fail
     finally:
         admin(explicit, "/v2/repository/models/e/unload")
         shutil.rmtree(explicit.repository / "e", ignore_errors=True)
+
+
+def test_an_unload_after_grpc_requests_is_answered_at_once(explicit) -> None:
+    """A gRPC call answered never let go of the version it used (its ticket was never done): an unload waited
+    --request-timeout-s (30 s) for it, as a reload kept the version replaced, its session and memory, as long."""
+    publish(explicit.repository, "g", explicit.source / "bert-classification")
+    client = grpcclient.InferenceServerClient(explicit.grpc)
+    try:
+        assert admin(explicit, "/v2/repository/models/g/load").status_code == 200
+        text = grpcclient.InferInput("text", [1], "BYTES")
+        text.set_data_from_numpy(np.array(["a gorgeous movie"], dtype=object))
+        for _ in range(4):  # spread over both front-ends in process mode (a channel each)
+            with grpcclient.InferenceServerClient(explicit.grpc) as fresh:
+                answer = fresh.infer("g", [text], headers={"authorization": USER["Authorization"]})
+                assert answer.as_numpy("label").shape[0] == 1
+        started = time.monotonic()
+        assert admin(explicit, "/v2/repository/models/g/unload").status_code == 200
+        assert time.monotonic() - started < 10
+    finally:
+        client.close()
+        admin(explicit, "/v2/repository/models/g/unload")
+        shutil.rmtree(explicit.repository / "g", ignore_errors=True)
