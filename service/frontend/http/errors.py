@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -30,8 +31,18 @@ MAX_OTHER_FIELDS = 5  # of a validation error's other failing fields, the most i
 MAX_KEY_CHARS = 100  # of a key that is not allowed, the most its field and message quote
 STARLETTE_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 OPENAI_EMBEDDINGS_PATH = "/v1/embeddings"  # OpenAI's embeddings API; the metrics' endpoint label "embeddings"
-# The one error body ({error, error_type, field}) and the response's status -> the body another API's clients parse
-ErrorShape = Callable[[int, dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ErrorShape:
+    """Another API's errors, as its clients parse them: its status for one of this server's where the two differ
+    (`statuses`), and its body for the one error body ({error, error_type, field}) at that status (`body`)."""
+
+    body: Callable[[int, dict[str, Any]], dict[str, Any]]
+    statuses: Mapping[int, int] = field(default_factory=dict)
+
+    def status(self, status: int) -> int:
+        return self.statuses.get(status, status)
 
 
 def error_content(error_type: str, message: str, field: str | None = None) -> dict[str, Any]:
@@ -47,7 +58,7 @@ def error_body(exc: ServiceError, path: str | None = None) -> bytes:
     has one (`ERROR_SHAPES`)."""
     if path is not None and (shape := ERROR_SHAPES.get(path)) is not None:
         content = error_content(exc.error_type, exc.message, exc.field)
-        return render_shaped(shape(exc.status_code, content))
+        return render_shaped(shape.body(shape.status(exc.status_code), content))
     return bytes(error_response(exc.status_code, exc.error_type, exc.message, exc.field).body)
 
 
@@ -70,9 +81,18 @@ def render_shaped(content: dict[str, Any]) -> bytes:
     return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
-# Paths whose errors are rendered in another API's shape (every method: a GET's 405 too), whichever layer answers:
-# the HTTP protocol's refusals (`error_body`), the gateway and everything below it (`gateway.ShapedErrors`)
-ERROR_SHAPES: dict[str, ErrorShape] = {OPENAI_EMBEDDINGS_PATH: openai_error}
+# OpenAI answers a request it cannot take 400 (the openai SDK's BadRequestError), where this server says 422
+OPENAI_SHAPE = ErrorShape(openai_error, {422: 400})
+# Paths whose errors are answered in another API's shape (every method: a GET's 405 too), whichever layer answers:
+# the HTTP protocol's refusals (`error_body`, `shaped_status`), the gateway and everything below it
+# (`gateway.ShapedErrors`)
+ERROR_SHAPES: dict[str, ErrorShape] = {OPENAI_EMBEDDINGS_PATH: OPENAI_SHAPE}
+
+
+def shaped_status(status: int, path: str) -> int:
+    """The status an error answered at `path` has in the path's API."""
+    shape = ERROR_SHAPES.get(path)
+    return status if shape is None else shape.status(status)
 
 
 async def send_error(

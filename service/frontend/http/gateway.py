@@ -17,7 +17,8 @@ before the body is read), the body (read here, bounded: 413; decoded where it is
 Every error has one body, {error, error_type, field}, and one mapping of domain errors to statuses
 (`service.errors`, `service.frontend.http.errors`); a path that speaks another API's error shape (OpenAI's
 embeddings: `{"error": {message, type, param, code}}`) has that body rendered in its shape on the way out
-(`errors.ERROR_SHAPES`, `ShapedErrors`), whichever layer answered the error, with the same status and headers.
+(`errors.ERROR_SHAPES`, `ShapedErrors`), whichever layer answered the error, with the same headers, and the
+same status but where that API has its own for it (OpenAI's 400 for a 422).
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ log = logging.getLogger("service.http")
 class ShapedErrors:
     """`send`, with an error answer's body (status 400 and up, the one error body) rendered in the path's shape:
     whichever layer answered (the gateway's checks, the endpoint, the slow lane's middleware or FastAPI's
-    handlers), the status, the headers and which error it is stay theirs; only the body's shape changes."""
+    handlers), the headers and which error it is stay theirs; the body's shape changes, and the status where the
+    shape has its own for it."""
 
-    def __init__(self, send: Callable, shape: http_errors.ErrorShape) -> None:
+    def __init__(self, send: Callable, shape: http_errors.ErrorShape, scope: Scope) -> None:
         self._send = send
         self._shape = shape
+        self._scope = scope  # told the status answered (SCOPE_STATUS), where the shape's differs: logs and metrics
         self._start: dict[str, Any] | None = None  # an error's start, held until its body is in
         self._chunks: list[bytes] = []
 
@@ -85,6 +88,9 @@ class ShapedErrors:
             return
         start, body = self._start, self._shaped(self._start["status"], b"".join(self._chunks))
         self._start, self._chunks = None, []
+        if (status := self._shape.status(start["status"])) != start["status"]:
+            start = {**start, "status": status}
+            self._scope[SCOPE_STATUS] = status
         headers = [(name, value) for name, value in start.get("headers", ()) if name.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         await self._send({**start, "headers": headers})
@@ -98,7 +104,7 @@ class ShapedErrors:
             return body
         if not isinstance(content, dict) or "error_type" not in content:
             return body
-        return http_errors.render_shaped(self._shape(status, content))
+        return http_errors.render_shaped(self._shape.body(self._shape.status(status), content))
 
 
 class InferenceEndpoints:
@@ -159,7 +165,7 @@ class InferenceGateway:
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and (shape := http_errors.ERROR_SHAPES.get(scope["path"])) is not None:
-            send = ShapedErrors(send, shape)
+            send = ShapedErrors(send, shape, scope)
         found = self.endpoints.find(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if found is None:
             await self.slow_lane(scope, receive, send)
@@ -224,6 +230,7 @@ class InferenceGateway:
             status = await self._counted(scope, receive, send, endpoint, name, length, headers)
             return status
         finally:
+            status = scope.get(SCOPE_STATUS, status)  # the status answered, where the path's API has its own
             path_model = scope.get(SCOPE_MODEL) if name is None else name
             model = path_model if path_model in self.server.registry.models else "unknown"  # bounded label values
             label = endpoint_label(scope)

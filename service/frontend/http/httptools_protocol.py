@@ -40,7 +40,7 @@ from service.errors import (
     UnknownTransferCoding,
     UriTooLong,
 )
-from service.frontend.http.errors import error_body
+from service.frontend.http.errors import error_body, shaped_status
 from service.logs import REQUEST_ID_HEADER, SCOPE_REQUEST_ID, SCOPE_STATUS, access_log, log_access
 
 log = logging.getLogger("service.http")
@@ -274,14 +274,16 @@ class HttpProtocol(HttpToolsProtocol):
             # the app has (or will have, its task is created) this request: its id and one access line are the
             # app's, saying what the client got
             in_app = cast(dict[str, Any], cycle.scope)  # an ASGI scope: ours to annotate, as logs.py does
-            in_app[SCOPE_STATUS] = error.status_code
         request_id = uuid.uuid4().hex if in_app is None else in_app.setdefault(SCOPE_REQUEST_ID, uuid.uuid4().hex)
         # in the path's error shape (OpenAI's on /v1/embeddings), as the app's own errors are
         target = getattr(self, "url", b"")  # uvicorn's, from the first message's begin on
         path = in_app["path"] if in_app is not None else target.split(b"?", 1)[0].decode("latin-1")
         body = error_body(error, path)
+        status = shaped_status(error.status_code, path)
+        if in_app is not None:
+            in_app[SCOPE_STATUS] = status
         head = [
-            STATUS_LINE[error.status_code],
+            STATUS_LINE[status],
             *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
             b"content-type: application/json\r\n",
             b"content-length: " + str(len(body)).encode() + b"\r\n",

@@ -336,7 +336,8 @@ class MetricsMiddleware:
             name = scope.get(SCOPE_MODEL) if path in MODEL_IN_BODY_PATHS else parts[3] if len(parts) > 3 else ""
             model = name if name in self.known_models() else "unknown"  # bounded label values
             endpoint = endpoint_label(scope)
-            self.metrics.requests.labels(model, endpoint, str(sent.status)).inc()
+            status = scope.get(SCOPE_STATUS, sent.status)  # the status answered, where the path's API has its own
+            self.metrics.requests.labels(model, endpoint, str(status)).inc()
             self.metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
 
 

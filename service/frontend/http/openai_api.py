@@ -5,9 +5,9 @@ Answers `{object: "list", data: [{object: "embedding", index, embedding}], model
 total_tokens}}`: each vector of unit length (OpenAI's are), cut to its first `dimensions` values and normalized
 again where asked; with `encoding_format` base64, the vector's little-endian float32 bytes in base64 (what the SDK
 asks for by default, and decodes). `prompt_tokens` counts the rows' tokens, special tokens included. Errors have
-OpenAI's shape, `{"error": {message, type, param, code}}`, with the statuses of the rest of the server
-(`errors.ERROR_SHAPES`). An adapter only: the texts are one request's rows in the batcher, and the request is
-admitted, limited, timed and counted as the native routes' are."""
+OpenAI's shape, `{"error": {message, type, param, code}}`, with the statuses of the rest of the server but
+OpenAI's 400 for the server's 422 (`errors.ERROR_SHAPES`). An adapter only: the texts are one request's rows in
+the batcher, and the request is admitted, limited, timed and counted as the native routes' are."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from service.errors import InvalidInput
 from service.frontend.http import schemas
+from service.frontend.http.errors import OPENAI_SHAPE
 from service.frontend.http.json_answer import JsonAnswer
 from service.frontend.http.middleware import OPENAI_EMBEDDINGS_PATH, SCOPE_MODEL, note_body_model
 from service.frontend.http.routes import (
@@ -88,8 +89,12 @@ async def serve(request: Request) -> Response:
     return JsonAnswer(content, headers=timing_headers(timings, ticket))
 
 
-# Its errors are OpenAI's body, at the statuses the rest of the server answers
-OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": schemas.OpenAIErrorBody} for code in ERRORS}
+# Its errors are OpenAI's body, at the statuses the rest of the server answers but OpenAI's 400 for its 422
+OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
+    OPENAI_SHAPE.status(int(code)): {"model": schemas.OpenAIErrorBody} for code in ERRORS
+}
+# (and FastAPI, seeing no 422 and no 4XX, would document a 422 of its own body, which this route never answers)
+OPENAI_ERRORS["4XX"] = {"model": schemas.OpenAIErrorBody, "description": "Any client error, in OpenAI's body"}
 
 ROUTES = (
     AdapterRoute(

@@ -24,7 +24,7 @@ from benchmarks.realdata import SHARED, sst2
 from export.pipeline import export_checkpoint
 from service.errors import Overloaded
 from service.frontend.http import errors as http_errors
-from service.frontend.http.errors import openai_error
+from service.frontend.http.errors import OPENAI_SHAPE
 from service.frontend.http.gateway import ShapedErrors
 from tests.harness.environment import online_env
 from tests.harness.serving import free_port
@@ -199,26 +199,26 @@ def openai_error_of(response: httpx.Response) -> dict[str, Any]:
 ERRORS = [
     # (body, status, type, param, code)
     ({"model": "no-such-model", "input": "x"}, 404, "invalid_request_error", None, "not_found"),
-    ({"model": MODEL, "input": "x", "dimensions": 385}, 422, "invalid_request_error", "dimensions", "validation"),
-    ({"model": MODEL, "input": "x", "dimensions": 0}, 422, "invalid_request_error", "dimensions", "validation"),
-    ({"model": MODEL, "input": []}, 422, "invalid_request_error", "input", "validation"),
-    ({"model": MODEL, "input": ""}, 422, "invalid_request_error", "input", "validation"),
-    ({"model": MODEL, "input": ["fine", ""]}, 422, "invalid_request_error", "input.1", "validation"),
-    ({"model": MODEL, "input": [[101, 2023]]}, 422, "invalid_request_error", "input", "validation"),
-    ({"model": MODEL, "input": [101, 2023]}, 422, "invalid_request_error", "input", "validation"),
-    ({"model": MODEL, "input": [True]}, 422, "invalid_request_error", "input.0", "validation"),
-    ({"model": MODEL, "input": ["fine", 7]}, 422, "invalid_request_error", "input.1", "validation"),
-    ({"model": MODEL, "input": ["x"] * 65}, 422, "invalid_request_error", "input", "validation"),
-    ({"model": MODEL, "input": ["fine", "x" * 20_001]}, 422, "invalid_request_error", "input.1", "validation"),
+    ({"model": MODEL, "input": "x", "dimensions": 385}, 400, "invalid_request_error", "dimensions", "validation"),
+    ({"model": MODEL, "input": "x", "dimensions": 0}, 400, "invalid_request_error", "dimensions", "validation"),
+    ({"model": MODEL, "input": []}, 400, "invalid_request_error", "input", "validation"),
+    ({"model": MODEL, "input": ""}, 400, "invalid_request_error", "input", "validation"),
+    ({"model": MODEL, "input": ["fine", ""]}, 400, "invalid_request_error", "input.1", "validation"),
+    ({"model": MODEL, "input": [[101, 2023]]}, 400, "invalid_request_error", "input", "validation"),
+    ({"model": MODEL, "input": [101, 2023]}, 400, "invalid_request_error", "input", "validation"),
+    ({"model": MODEL, "input": [True]}, 400, "invalid_request_error", "input.0", "validation"),
+    ({"model": MODEL, "input": ["fine", 7]}, 400, "invalid_request_error", "input.1", "validation"),
+    ({"model": MODEL, "input": ["x"] * 65}, 400, "invalid_request_error", "input", "validation"),
+    ({"model": MODEL, "input": ["fine", "x" * 20_001]}, 400, "invalid_request_error", "input.1", "validation"),
     (
         {"model": MODEL, "input": "x", "encoding_format": "int8"},
-        422,
+        400,
         "invalid_request_error",
         "encoding_format",
         "validation",
     ),
-    ({"input": "x"}, 422, "invalid_request_error", "model", "validation"),
-    ({"model": MODEL, "input": "x", "priority": 1}, 422, "invalid_request_error", "priority", "validation"),
+    ({"input": "x"}, 400, "invalid_request_error", "model", "validation"),
+    ({"model": MODEL, "input": "x", "priority": 1}, 400, "invalid_request_error", "priority", "validation"),
     ({"model": CLASSIFIER, "input": "x"}, 400, "invalid_request_error", None, "wrong_task"),
 ]
 
@@ -247,7 +247,7 @@ def test_errors_before_the_endpoint_have_openais_shape_too(embed_server: Server)
         method = client.get("/v1/embeddings")
     assert not_json.status_code == 415 and openai_error_of(not_json)["code"] == "unsupported_media_type"
     assert broken.status_code == 400 and openai_error_of(broken)["code"] == "bad_request"
-    assert empty.status_code == 422 and openai_error_of(empty)["param"] == "body"
+    assert empty.status_code == 400 and openai_error_of(empty)["param"] == "body"
     assert method.status_code == 405 and openai_error_of(method)["code"] == "method_not_allowed"
 
 
@@ -257,13 +257,13 @@ def test_the_sdk_raises_its_own_errors(embed_server: Server) -> None:
         client.embeddings.create(model="no-such-model", input=["x"])
     assert missing.value.status_code == 404 and "no-such-model" in missing.value.message
     assert missing.value.code == "not_found" and missing.value.type == "invalid_request_error"
-    with pytest.raises(openai.UnprocessableEntityError) as too_many:
+    with pytest.raises(openai.BadRequestError) as too_many:  # OpenAI's status for what the server calls 422
         client.embeddings.create(model=MODEL, input=["x"], dimensions=1024)
     assert too_many.value.param == "dimensions" and "384" in too_many.value.message
     with pytest.raises(openai.BadRequestError) as wrong:
         client.embeddings.create(model=CLASSIFIER, input=["x"])
     assert wrong.value.code == "wrong_task"
-    with pytest.raises(openai.UnprocessableEntityError) as token_ids:  # what LangChain sends by default: tiktoken's
+    with pytest.raises(openai.BadRequestError) as token_ids:  # what LangChain sends by default: tiktoken's
         client.embeddings.create(model=MODEL, input=[[9906, 1917], [40, 1093]])
     assert token_ids.value.param == "input" and "check_embedding_ctx_length=False" in token_ids.value.message
 
@@ -272,9 +272,17 @@ def test_the_metrics_label_the_openai_route(embed_server: Server) -> None:
     with embed_server.client() as client:
         assert client.post("/v1/embeddings", json={"model": MODEL, "input": "counted"}).status_code == 200
         assert client.post("/v1/embeddings", json={"model": "nope", "input": "x"}).status_code == 404
+        before = counted(client.get("/metrics").text, MODEL, "embeddings", "400")
+        invalid = client.post("/v1/embeddings", json={"model": MODEL, "input": []}, headers={"x-request-id": "r-400"})
         metrics = client.get("/metrics").text
     assert counted(metrics, MODEL, "embeddings") >= 1
     assert counted(metrics, "unknown", "embeddings", "404") >= 1
+    # OpenAI's 400 for the server's 422, as answered: counted and logged 400, never 422
+    assert invalid.status_code == 400
+    assert counted(metrics, MODEL, "embeddings", "400") == before + 1
+    assert counted(metrics, MODEL, "embeddings", "422") == 0
+    logged = [line for line in embed_server.log().splitlines() if "r-400" in line and "/v1/embeddings" in line]
+    assert logged and all('"POST /v1/embeddings" 400' in line for line in logged), logged
 
 
 def test_the_native_routes_keep_the_native_error_body(embed_server: Server) -> None:
@@ -316,7 +324,7 @@ def test_an_overload_refusal_keeps_its_status_and_retry_after() -> None:
         sent.append(message)
 
     asyncio.run(
-        http_errors.send_error(ShapedErrors(send, openai_error), Overloaded("the server is busy", retry_after_s=3))
+        http_errors.send_error(ShapedErrors(send, OPENAI_SHAPE, {}), Overloaded("the server is busy", retry_after_s=3))
     )
     start, body = sent
     headers = dict(start["headers"])
