@@ -287,6 +287,13 @@ class Settings(BaseSettings):
         "for its first request), and a body within --body-timeout-s after them; else the connection is closed",
     )
     body_timeout_s: float = Field(60.0, gt=0, le=3600, description="longest wait for a request's whole body")
+    send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="longest an answer's write may wait on a client that reads none of it (the connection's send "
+        "buffers full); past it the connection is closed",
+    )
     keepalive_timeout_s: float = Field(5.0, gt=0, le=3600, description="idle keep-alive connections close after this")
     max_url_bytes: int = Field(8192, ge=256, le=1_048_576, description="longest request target; past it 414")
     max_header_bytes: int = Field(16384, ge=1024, le=1_048_576, description="largest request headers; past it 431")

@@ -282,6 +282,9 @@ class InferenceGateway:
             response.raw_headers.extend(headers)
             status = response.status_code
             answering = True
+            # its work is done: the answer's write goes at the client's pace, and a client that reads none of it
+            # must not hold the gate (until --send-timeout-s cuts it)
+            admission.leave(completed=200 <= status < 300)
             await response(scope, receive, send)
             return status
         except asyncio.CancelledError:

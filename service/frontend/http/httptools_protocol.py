@@ -11,6 +11,9 @@ connection for ever; nor any limit on the request line or the headers. Per conne
   first, then the connection closes.
 - body timeout: a request that declares a body must deliver it within `body_timeout_s` of its headers; past it a
   408 and the connection is closed (the app sees the client gone).
+- send timeout: an answer whose write waits on a client that reads none of it (the socket's buffers full, the
+  transport's writing paused) for `send_timeout_s` is cut: the connection is closed, as nginx's `send_timeout`
+  does. uvicorn waits for such a client for ever, with its next pipelined request unread behind it.
 - keep-alive: uvicorn's own timer (`keepalive_timeout_s`).
 - limits: a request target over `max_url_bytes` is a 414, headers over `max_header_bytes` a 431, anything
   httptools cannot parse a 400; each with the one error body (`service.frontend.http.errors`), `x-request-id`, a warning
@@ -23,7 +26,10 @@ leaves (`SCOPE_ON_DISCONNECT`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
+import struct
 import time
 import uuid
 from dataclasses import dataclass
@@ -44,6 +50,7 @@ from service.frontend.http.errors import error_body, shaped_status
 from service.logs import REQUEST_ID_HEADER, SCOPE_REQUEST_ID, SCOPE_STATUS, access_log, log_access
 
 log = logging.getLogger("service.http")
+NO_LINGER = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection and drops what is unsent
 REQUEST_LINE_SLACK = 64  # "METHOD ", " HTTP/1.1\r\n" and the CRLFs that may come before a request
 # Where a request's scope holds what to call if its client leaves before its answer is complete: a callback for the
 # app to add, in place of a task per request that waits for the ASGI `http.disconnect` message.
@@ -54,6 +61,7 @@ SCOPE_ON_DISCONNECT = "bertserve.on_disconnect"
 class HttpLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
+    send_timeout_s: float = 60.0
     max_url_bytes: int = 8192
     max_header_bytes: int = 16384
 
@@ -117,6 +125,7 @@ class HttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None  # armed while the transport's writing is paused
         self._in_head = True  # the next bytes are a request's line and headers
         self._head_bytes = 0  # bytes received for the current head (an upper bound: whole chunks)
         self._url_bytes = 0
@@ -133,11 +142,38 @@ class HttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_send_timer()
         cycle = self.cycle
         super().connection_lost(exc)
         if cycle is not None and cycle.disconnected:  # the client left before its answer was complete
             for callback in cycle.scope.get(SCOPE_ON_DISCONNECT, ()):  # type: ignore[attr-defined]
                 callback()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_timeout)
+
+    def resume_writing(self) -> None:
+        self._stop_send_timer()
+        super().resume_writing()
+
+    def _stop_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_timeout(self) -> None:
+        self._send_timer = None
+        log.info(
+            "closed the connection of %s: it read nothing of its answer for %g s",
+            f"{self.client[0]}:{self.client[1]}" if self.client else "-",
+            self.limits.send_timeout_s,
+        )
+        # a reset, not a close: the kernel would otherwise go on offering the unread answer to nobody, for minutes
+        with contextlib.suppress(OSError, AttributeError):
+            self.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, NO_LINGER)
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()

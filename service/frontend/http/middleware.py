@@ -241,11 +241,17 @@ class AdmissionMiddleware:
             await send_error(send, door.overloaded())
             return
         scope[SCOPE_ADMISSION] = admission
-        sent = StatusRecorder(send)
+
+        async def leaving_send(message: Message) -> None:
+            if message["type"] == "http.response.start":  # its work is done: the write is the client's pace
+                admission.leave(completed=200 <= message["status"] < 300)
+            await send(message)
+
+        sent = StatusRecorder(leaving_send)
         try:
             await self.app(scope, receive, sent)
         finally:
-            admission.leave(completed=200 <= sent.status < 300)
+            admission.leave(completed=200 <= sent.status < 300)  # where it answered nothing (no-op where it did)
 
 
 def declared_length(scope: Scope) -> int | None:

@@ -41,6 +41,7 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
     limits = HttpLimits(
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
+        send_timeout_s=settings.send_timeout_s,
         max_url_bytes=settings.max_url_bytes,
         max_header_bytes=settings.max_header_bytes,
     )

@@ -467,3 +467,41 @@ def test_an_upgrade_request_with_a_body_is_refused_not_served_without_it(hardene
     status, _, answer = parse(received)
     assert status == 400, received
     assert json.loads(answer)["error"].startswith("a request that asks to Upgrade (h2c, websocket) cannot carry a body")
+
+
+SEND_TIMEOUT_S = 3.0
+
+
+@pytest.mark.parametrize("lane", ["gateway", "cors"])
+def test_a_client_that_reads_none_of_its_answers_is_cut_and_holds_no_admission(tiny_repository, server_factory, lane):
+    """A client sends large requests, pipelined, and reads none of the answers: the first answer's write waits on
+    it once the socket's buffers are full. uvicorn waited for ever, and the request held its admission all along
+    (its time in flight growing: the gate cut its share for every other client, to its floor). The gate lets go
+    when the answer starts; the connection is cut after --send-timeout-s. (An Origin header takes the request
+    through the CORS lane's middleware instead of the gateway.)"""
+    origin = "http://app.example"
+    cors = ("--cors-allow-origins", origin) if lane == "cors" else ()
+    server = server_factory(tiny_repository, "--models", "bert-ner,bert-classification", "--send-timeout-s", "3", *cors)
+    text = "Peter Blackburn met Maria Lopez in Brussels on Monday. " * 36  # ~2,000 characters
+    body = json.dumps({"inputs": [text] * 64, "aggregation_strategy": "none"}).encode()
+    head = "POST /v1/models/bert-ner/ner HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += f"Origin: {origin}\r\n" if lane == "cors" else ""
+    request = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    with socket.create_connection(address(server)) as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.sendall(request * 3)
+        started = time.monotonic()
+        time.sleep(1.0)  # the first answer written as far as the buffers take it
+        with httpx.Client(base_url=server.url, timeout=30) as other:
+            served = [other.post(CLASSIFY, json={"inputs": ["fine"]}).status_code for _ in range(30)]
+            share = other.get("/metrics").text
+        assert served == [200] * 30
+        assert re.search(r"^bertserve_admission_share\S* 1\.0$", share, re.M), share[:2000]
+        client.settimeout(30)
+        with contextlib.suppress(ConnectionResetError):
+            while client.recv(1 << 20):
+                pass
+        cut_after = time.monotonic() - started
+    assert SEND_TIMEOUT_S - 1 <= cut_after <= SEND_TIMEOUT_S + 10, cut_after  # was: for as long as it stayed
+    assert f"read nothing of its answer for {SEND_TIMEOUT_S:g} s" in server.log()
+    assert httpx.post(server.url + CLASSIFY, json={"inputs": ["fine"]}).status_code == 200
