@@ -15,7 +15,10 @@
   every request's deadline; or a start that has not come to writing that file in ENGINE_START_S / FRONTEND_START_S.
   (A hung front-end still holds its share of the port's new connections: the kernel keeps handing them to its
   listening socket.)
-- SIGTERM/SIGINT: the front-ends drain first (stop admitting, finish in-flight requests), then the engine stops.
+  A process that exits MAX_FAILED_STARTS times in a row before it began to serve stops the server; one that
+  served is restarted however often it dies.
+- SIGTERM/SIGINT/SIGHUP: the front-ends drain first (stop admitting, finish in-flight requests), then the engine
+  stops. The launcher killed, its children are sent SIGTERM by the kernel (`service.system.parent`).
 - Metrics: every process writes to one PROMETHEUS_MULTIPROC_DIR; any front-end's /metrics is the merged view. The
   launcher writes there too: `bertserve_process_restarts_total{process, reason}` (engine or front-end; exited or
   stuck), every series there from the start at 0, so that the first restart is an increase an alert can see.
@@ -41,13 +44,13 @@ from prometheus_client import Counter, values
 from service.metrics import MULTIPROCESS_DIR, fold_exited_process
 from service.probes import HeartbeatFile, liveness
 from service.settings import ENV_PREFIX, Settings
+from service.system.parent import end_with_parent
 
 log = logging.getLogger("service.supervisor.launcher")
 POLL_S = 0.1
 ENGINE_START_S = 600.0  # loading every model, before the socket appears (warm-up happens after)
 FRONTEND_START_S = 120.0  # imports and the app's start-up, before it writes its heartbeat file (seconds, normally)
-QUICK_EXIT_S = 10.0  # a process that exits sooner than this after its start is failing to start
-MAX_QUICK_EXITS = 3
+MAX_FAILED_STARTS = 3  # exits in a row before a process began to serve: it cannot start, and the server stops
 
 
 def uses_gpu(settings: Settings) -> bool:
@@ -84,7 +87,8 @@ class Child:
     start_s: float  # the longest a start may take before the heartbeat file appears
     process: subprocess.Popen | None = None
     started: float = 0.0
-    quick_exits: int = 0
+    failed_starts: int = 0  # exits in a row before it began to serve
+    served: bool = False  # this start has begun to serve: its heartbeat file has appeared
     pids: list[int] = field(default_factory=list)
     killed_as_stuck: bool = False  # the exit that follows is the launcher's kill: counted as "stuck"
     env: dict[str, str] = field(default_factory=dict)  # its own variables, over those every child gets
@@ -93,13 +97,16 @@ class Child:
     def start(self, env: dict[str, str]) -> None:
         self.heartbeat.path.unlink(missing_ok=True)  # an earlier process's state does not stand for this one
         self.killed_as_stuck = False
+        self.served = False
         if self.socket is not None:
             self.socket.unlink(missing_ok=True)
         command = [*self.command, "--heartbeat", str(self.heartbeat.path)]
         # A process group of its own: a terminal's Ctrl-C signals the whole foreground group, and the engine stopped
         # at once beside the launcher while the front-ends still drained (their requests in flight got 503). The
         # launcher alone takes the signal and stops the children in order (`_shutdown`).
-        self.process = subprocess.Popen(command, env={**env, **self.env}, process_group=0)
+        # and it is told to stop (SIGTERM, a drain) when the launcher dies, however it dies (kill -9, an OOM kill):
+        # it was left serving with nothing to restart it, holding the port
+        self.process = subprocess.Popen(command, env={**env, **self.env}, process_group=0, preexec_fn=end_with_parent)
         self.started = time.monotonic()
         self.pids.append(self.process.pid)
         log.info("%s started (pid %d)", self.name, self.process.pid)
@@ -112,6 +119,7 @@ class Child:
         (a device stuck). Before the file exists (loading holds the event loop; the file comes after), only a start
         longer than `start_s`."""
         state = self.heartbeat.read()
+        self.served = self.served or state is not None
         if state is None:
             starting = time.monotonic() - self.started
             return f"it has not begun to serve {starting:.0f} s after its start" if starting > self.start_s else None
@@ -219,6 +227,7 @@ class Launcher:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGHUP, self._stop)  # its terminal closed (an ssh session dropped): a drain, not a death
         try:
             problem = listen_problem(self.settings)
             if problem:
@@ -288,14 +297,20 @@ class Launcher:
                     child.signal(signal.SIGKILL)  # and the next round restarts it, as one that died
                 if code is None or self.stopping:
                     continue
-                quick = time.monotonic() - child.started < QUICK_EXIT_S
-                child.quick_exits = child.quick_exits + 1 if quick else 0
-                log.error("%s (pid %d) exited with %s; restarting it", child.name, child.pids[-1], code)
+                # a start failed where the process exited before it began to serve; one that served and died (a
+                # crash under load, an OOM kill, however soon) is restarted however often it dies (each counted)
+                served = child.served or child.heartbeat.read() is not None
+                child.failed_starts = 0 if served else child.failed_starts + 1
                 if not fold_exited_process(child.pids[-1], str(self.metrics_dir), 0.05):
                     self.unfolded.append(child.pids[-1])
-                if child.quick_exits >= MAX_QUICK_EXITS:
-                    log.error("%s keeps failing at start; stopping the server", child.name)
+                if child.failed_starts >= MAX_FAILED_STARTS:
+                    log.error(
+                        "%s (pid %d) exited with %s before it began to serve, %d times in a row: it cannot start; "
+                        "stopping the server",
+                        *(child.name, child.pids[-1], code, child.failed_starts),
+                    )
                     return 1
+                log.error("%s (pid %d) exited with %s; restarting it", child.name, child.pids[-1], code)
                 role = "engine" if child in self.engines else "front-end"
                 self.restarts.labels(role, "stuck" if child.killed_as_stuck else "exited").inc()
                 child.start(self.env)

@@ -338,3 +338,49 @@ def test_a_model_that_cannot_load_stops_process_mode_at_start(tiny_repository: P
     server = server_factory(tmp_path, "--engine-mode", "process", "--load-failure", "fail", wait_ready=False)
     assert server.process.wait(60) == 2
     assert "error: model broken failed to load" in server.log()
+
+
+def test_a_process_that_served_is_restarted_however_often_it_dies_and_sighup_drains(
+    tiny_repository: Path, server_factory
+) -> None:
+    """Three deaths each within 10 s of a start stopped the whole server, as a process that cannot start: an engine
+    here serves ~4 s after its start, so three kill -9s under load did. A start fails only where the process dies
+    before it began to serve. SIGHUP (a closed terminal) ended the launcher at once, its children left serving."""
+    server = server_factory(tiny_repository, *PROCESS, "--models", "bert-classification")
+    for kill in range(3):
+        os.kill(engine_pids(server.log())[-1], signal.SIGKILL)
+        assert wait_for(lambda: len(engine_pids(server.log())) == kill + 2, timeout=30), server.log()  # noqa: B023
+        assert wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 200, timeout=60), server.log()
+    assert server.process.poll() is None, server.log()
+    answer = httpx.post(server.url + "/v1/models/bert-classification/classify", json={"inputs": ["ok"]}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert restarts(server) == {**NO_RESTARTS, ("engine", "exited"): 3.0}
+    children = [engine_pids(server.log())[-1], *frontend_pids(server.log())]
+    server.process.send_signal(signal.SIGHUP)
+    assert server.process.wait(60) == 0
+    assert "stopped" in server.log() and not any(alive(pid) for pid in children)
+
+
+def test_the_children_end_with_the_launcher(tiny_repository: Path, server_factory) -> None:
+    """A launcher killed (kill -9, an OOM kill) left its engine and front-ends serving, with nothing to restart
+    them, holding the port: the kernel sends each SIGTERM now, and they drain and stop."""
+    server = server_factory(tiny_repository, *PROCESS, "--models", "bert-classification")
+    children = [engine_pids(server.log())[-1], *frontend_pids(server.log())]
+    assert len(children) == 3 and all(alive(pid) for pid in children)
+    os.kill(server.process.pid, signal.SIGKILL)
+    assert wait_for(lambda: not any(alive(pid) for pid in children), timeout=60), server.log()
+
+
+def frontend_pids(log: str) -> list[int]:
+    """The pid of each front-end's latest start."""
+    latest = dict(re.findall(r"(front-end \d+) started \(pid (\d+)\)", log))
+    return [int(pid) for pid in latest.values()]
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended but not yet reaped by whoever adopted it, does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return "State:\tZ" not in status
