@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import time
 from collections.abc import Callable, Hashable
@@ -127,6 +128,8 @@ class EngineCore:
         self._missing: dict[str, int] = {}  # polling: scans in a row that did not find the entry
         self._repository_error: str | None = None
         self._described: dict[str, dict[Gauge, tuple[str, ...]]] = {}  # model -> its info series (`_describe`)
+        self.loaded_file: Path | None = None  # where the models loaded now are kept for a restart (`_record_loaded`)
+        self._loaded: set[str] | None = None
 
     def load(self) -> None:
         """Open every entry's session. StartupError where a model fails and --load-failure is fail."""
@@ -554,13 +557,27 @@ class EngineCore:
         down."""
         if action == "load":
             result = await self.load_model(name)
+            self._record_loaded(name, loaded=True)
             await self._until_served(name, str(result["version"]), LOAD_SETTLE_S)
             return result
         if action == "unload":
-            return await self.unload_model(name)
+            result = await self.unload_model(name)
+            self._record_loaded(name, loaded=False)
+            return result
         if action == "index":
             return {"models": await asyncio.to_thread(self.index)}
         raise BadRequest(f"unknown action {action[:50]!r}")
+
+    def _record_loaded(self, name: str, loaded: bool) -> None:
+        """--model-control explicit in process mode: the models loaded now, written to `loaded_file`, which a
+        restarted engine loads at its start in place of --model's (`loaded_at_restart`)."""
+        if self.loaded_file is None:
+            return
+        names = set(self.settings.model or ()) if self._loaded is None else self._loaded
+        self._loaded = names | {name} if loaded else names - {name}
+        written = self.loaded_file.with_suffix(".tmp")
+        written.write_text(json.dumps(sorted(self._loaded)), encoding="utf-8")
+        written.replace(self.loaded_file)
 
     async def poll_repository(self) -> None:
         """--model-control poll: every --repository-poll-s, load new entries, reload changed ones, unload the ones

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import logging
 import signal
 import sys
@@ -199,13 +200,17 @@ class EngineServer:
         return frames.encode(frames.error_header(request_id, exc))
 
 
-async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -> None:
+async def serve(settings: Settings, path: Path, heartbeat: Path | None = None, loaded_file: Path | None = None) -> None:
     """Load, listen on `path`, warm up, serve until SIGTERM; with `heartbeat`, keep writing there whether this
-    event loop runs and the device is stuck (for the launcher, which restarts a stuck engine)."""
+    event loop runs and the device is stuck (for the launcher, which restarts a stuck engine); with `loaded_file`
+    (explicit model control, in process mode), keep there the models loaded, and load those at a restart."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     metrics = Metrics()
     tracing.configure(settings, "engine", metrics.count_dropped_spans)
+    if loaded_file is not None and settings.model_control == "explicit":
+        settings = loaded_at_restart(settings, loaded_file)
     core = EngineCore(settings, metrics)
+    core.loaded_file = loaded_file if settings.model_control == "explicit" else None
     core.load()
     core.start()
     garbage_collector.settle()
@@ -233,6 +238,19 @@ async def serve(settings: Settings, path: Path, heartbeat: Path | None = None) -
     tracing.shutdown()
 
 
+def loaded_at_restart(settings: Settings, loaded_file: Path) -> Settings:
+    """The settings a restarted engine starts with: the models the repository API had loaded when the engine before
+    it died (`EngineCore._record_loaded`), in place of --model's; those whose entries are gone left out. A first
+    start (no file yet) keeps --model's."""
+    try:
+        names = json.loads(loaded_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return settings
+    kept = [name for name in names if (settings.repository / name).is_dir()]
+    log.info("engine: restarted: loading the models loaded before: %s", ", ".join(kept) or "none")
+    return settings.model_copy(update={"model": kept})
+
+
 async def _warm_up_then_poll(core: EngineCore) -> None:
     await core.warm_up()
     if core.settings.model_control == "poll":
@@ -243,11 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.engine", description=__doc__)
     parser.add_argument("--socket", type=Path, required=True, help="unix socket to listen on")
     parser.add_argument("--heartbeat", type=Path, help="a heartbeat file to keep writing (probes.HeartbeatFile)")
+    parser.add_argument(
+        "--loaded-file", type=Path, help="where the models loaded through the repository API are kept for a restart"
+    )
     args = parser.parse_args(argv)
     settings = Settings()
     settings.configure_logging()
     try:
-        _run(serve(settings, args.socket, args.heartbeat))
+        _run(serve(settings, args.socket, args.heartbeat, args.loaded_file))
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

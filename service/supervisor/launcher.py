@@ -206,7 +206,10 @@ class Launcher:
             self.engines.append(
                 Child(
                     "engine" if len(devices) == 1 else f"engine {device}",
-                    [python, "-m", "service.engine", "--socket", str(socket_path)],
+                    [
+                        *(python, "-m", "service.engine", "--socket", str(socket_path)),
+                        *("--loaded-file", str(self.workdir / f"engine{tag}.loaded.json")),
+                    ],
                     HeartbeatFile(self.workdir / f"engine{tag}.state"),
                     ENGINE_START_S,
                     env={} if device is None else {f"{ENV_PREFIX}DEVICES": json.dumps([device])},

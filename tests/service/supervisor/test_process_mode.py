@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.metrics import MULTIPROCESS_DIR
 from tests.harness.serving import free_port, start_service
 from tests.service.conftest import wait_for
+from tests.service.lifecycle import publish
 from tests.service.test_scheduling import assert_admitted_work_finished, metric, sigterm_during_burst
 
 MODELS = "bert-classification,distilbert-ner,albert-qa"
@@ -384,3 +385,33 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return "State:\tZ" not in status
+
+
+def test_a_restarted_engine_serves_the_models_the_repository_api_had_loaded(
+    tiny_repository: Path, tmp_path: Path, server_factory
+) -> None:
+    """--model-control explicit: an engine restarted after a crash loaded --model's list again, so a model loaded
+    through the API answered 404 and one unloaded was back, with /readyz 200 and nothing logged."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    publish(repository, "a", tiny_repository / "bert-classification")
+    publish(repository, "b", tiny_repository / "bert-classification")
+    (tmp_path / "admin.keys").write_text("admin-key-0123456789abcdef\n")
+    (tmp_path / "admin.keys").chmod(0o600)
+    admin = {"Authorization": "Bearer admin-key-0123456789abcdef"}
+    server = server_factory(
+        repository,
+        *("--engine-mode", "process", "--frontends", "1", "--model-control", "explicit", "--model", "a"),
+        *("--admin-api-key-file", str(tmp_path / "admin.keys")),
+    )
+    for call in ("/v2/repository/models/b/load", "/v2/repository/models/a/unload"):
+        assert httpx.post(server.url + call, headers=admin, timeout=60).status_code == 200
+    os.kill(engine_pids(server.log())[-1], signal.SIGKILL)
+    assert wait_for(lambda: len(engine_pids(server.log())) == 2, timeout=30)
+    assert wait_for(lambda: httpx.get(server.url + "/readyz").status_code == 200, timeout=60), server.log()
+    listed = {model["name"] for model in httpx.get(server.url + "/v1/models").json()["models"]}
+    assert listed == {"b"}, server.log()
+    classify = {"inputs": ["fine"]}
+    assert httpx.post(server.url + "/v1/models/b/classify", json=classify, timeout=30).status_code == 200
+    assert httpx.post(server.url + "/v1/models/a/classify", json=classify, timeout=30).status_code == 404
+    assert "engine: restarted: loading the models loaded before: b" in server.log()
