@@ -41,6 +41,7 @@ time counts from there to the engine's answer.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import deque
@@ -363,6 +364,17 @@ class Door:
         """The 429 for the request refused last: the refusing gate's reason and retry hint."""
         return self.refused_by.overloaded()
 
+    def tick(self) -> None:
+        """Bring every gate up to now: an idle one's share grows back as the seconds pass, not only at the next
+        request, so that its metric (a dashboard's, the lowest over the front-ends) does not read a cut long over."""
+        self.gate.rate()
+        self.models.tick()
+
+    async def keep_ticking(self, every_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            self.tick()
+
 
 class ModelGates:
     """A gate per model (the module's docstring says why), made when the model is served (`follow`) or at its first
@@ -398,6 +410,10 @@ class ModelGates:
             )
             self._on_scale(model, gate.scale)  # the model's share is shown from the gate's making on
         return gate
+
+    def tick(self) -> None:
+        for gate in self._gates.values():
+            gate.rate()
 
     def follow(self, served: Iterable[str]) -> None:
         """A gate for each model `served` (its share shown from its load on, by every front-end), none for a model

@@ -118,7 +118,10 @@ def create_app(
             grpc_server = GrpcServer(settings, server, keys, reuse_port=engine_socket is not None)
             await grpc_server.start()
         garbage_collector.settle()
-        background = [asyncio.create_task(server.self_test_models(), name="self-tests")]
+        background = [
+            asyncio.create_task(server.self_test_models(), name="self-tests"),
+            asyncio.create_task(server.door.keep_ticking(), name="admission-ticks"),
+        ]
         if heartbeat is not None:  # written from now on: from here on the launcher judges this process
             background.append(
                 keep_writing(HeartbeatFile(heartbeat), lambda: {"live": server.liveness()}, name="heartbeat")

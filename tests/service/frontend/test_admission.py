@@ -451,3 +451,24 @@ def test_each_served_model_has_a_gate_and_an_unloaded_ones_goes_with_its_share()
     again = models.gate("gone")
     assert again is not dropped and not again.rate() and again.scale == 1  # a new gate, cold
     assert reported == [("gone", 1.0)] and forgotten == ["gone"]
+
+
+def test_an_idle_doors_shares_are_shown_growing_back_without_a_request() -> None:
+    """The shares grew back only when the next request rolled the gates: an idle front-end reported its cut for as
+    long as it stayed idle (0.06 for minutes, measured), and the dashboard, the lowest over the front-ends, with it.
+    The front-end ticks its door every second (`Door.keep_ticking`)."""
+    clock = Clock()
+    shares: list[float] = []
+    model_shares: list[tuple[str, float]] = []
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=400, cold_requests=1, clock=clock, on_scale=shares.append)
+    models = ModelGates(2.0, 400, 1, clock=clock, on_scale=lambda model, share: model_shares.append((model, share)))
+    door = Door(gate, models, serves=lambda model: True)
+    late = door.try_enter(400, "m")
+    assert late is not None
+    late.charge(100)
+    clock.now += 1.9  # later than 70% of the bound: both gates cut
+    late.leave(completed=True)
+    assert shares[-1] < 1 and model_shares[-1][1] < 1
+    clock.now += 60  # idle a minute
+    door.tick()
+    assert shares[-1] == 1.0 and model_shares[-1] == ("m", 1.0)
