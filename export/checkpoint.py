@@ -314,7 +314,26 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
             f"{source} lacks trained weights for part of the {task} model ({shown}): "
             "export a checkpoint fine-tuned for this task"
         )
+    _check_finite(model, source)
     return model.eval()
+
+
+def _check_finite(model: Any, source: str) -> None:
+    """Weights that hold NaN or infinity (a corrupt file, a fine-tune that diverged) answer NaN for the inputs that
+    meet them: validation's texts may meet none (an fp32 export passed, then failed requests with such a word), and
+    int8's calibration failed on an assertion that named neither."""
+    import torch
+
+    broken = []
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and (bad := int((~torch.isfinite(tensor)).sum())):
+            broken.append(f"{name} ({bad} values)")
+    if broken:
+        more = f" (and {len(broken) - 3} more tensors)" if len(broken) > 3 else ""
+        raise ExportError(
+            f"the weights of {source} hold NaN or infinite values: {', '.join(broken[:3])}{more}; "
+            "the checkpoint is corrupt or its training diverged"
+        )
 
 
 def _mismatch(entry: Any) -> str:

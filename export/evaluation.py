@@ -2,7 +2,9 @@
 
 Formats, one per task:
 - classification: a TSV, `text<TAB>label` or `text<TAB>text_pair<TAB>label`; the label is a label name of the
-  model or its index; a first line whose label is neither is a header and is skipped. Metric: accuracy.
+  model or its index (only its name where the model's labels are numbers other than their indices, star ratings
+  "1".."5": "1" is never read as index 1); a first line whose label is neither is a header and is skipped (one
+  whose first column has no name is pandas' index column, refused). Metric: accuracy.
 - ner: CoNLL: one `word ... TAG` line per word (first column the word, last the IOB tag), a blank line between
   sentences, `-DOCSTART-` lines ignored. Metric: entity F1 (conlleval's exact span and type match), each word
   tagged by its first sub-token.
@@ -99,6 +101,11 @@ def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) 
 
 def _read_tsv(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str | None, int]]:
     labels = checkpoint.labels or []
+    # labels that are numbers, but not their own indices: a digit in the file is a name, never an index (read both
+    # ways, "0" was index 0 and "1".."4" names, four of five examples shifted, without a word)
+    by_index = not any(label.isascii() and label.isdigit() for label in labels) or labels == [
+        str(i) for i in range(len(labels))
+    ]
     examples = []
     with path.open(encoding="utf-8", newline="") as stream:
         reader = csv.reader(stream, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -110,22 +117,29 @@ def _read_tsv(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str | None,
                     raise ExportError(
                         f"--eval {path} line {number}: expected text<TAB>label (or text<TAB>pair<TAB>label)"
                     )
-                label = _label_index(row[-1].strip(), labels)
+                label = _label_index(row[-1].strip(), labels, by_index)
                 if label is None:
+                    if number == 1 and len(row) == 3 and not row[0].strip():
+                        raise ExportError(
+                            f"--eval {path} line 1: the header's first column has no name, as pandas writes its "
+                            "index (its numbers would be read as the texts): write the file with "
+                            "to_csv(..., sep='\\t', index=False)"
+                        )
                     if number == 1:
                         continue  # a header
                     shown = cut(repr(row[-1]), 60)
-                    raise ExportError(f"--eval {path} line {number}: label {shown} is not one of {labels} or 0..N-1")
+                    indices = " or 0..N-1" if by_index else " (the model's labels are numbers: read as names only)"
+                    raise ExportError(f"--eval {path} line {number}: label {shown} is not one of {labels}{indices}")
                 examples.append((row[0].strip(), row[1].strip() if len(row) == 3 else None, label))
         except csv.Error as exc:  # a field over csv's limit (131,072 characters), a NUL byte...
             raise ExportError(f"--eval {path} line {reader.line_num}: not a text<TAB>label line: {exc}") from exc
     return examples
 
 
-def _label_index(text: str, labels: list[str]) -> int | None:
+def _label_index(text: str, labels: list[str], by_index: bool = True) -> int | None:
     if text in labels:
         return labels.index(text)
-    if text.isascii() and text.isdigit() and int(text) < len(labels):  # not '²', which isdigit() takes
+    if by_index and text.isascii() and text.isdigit() and int(text) < len(labels):  # not '²', which isdigit() takes
         return int(text)
     return None
 
@@ -335,12 +349,17 @@ def agreement(task: str, answers: list[Any], reference: list[Any]) -> float:
 
 
 def entity_spans(tags: list[str]) -> set[tuple[int, int, str]]:
-    """IOB tags -> (first word, last word, type) spans, as conlleval counts them."""
+    """IOB tags -> (first word, last word, type) spans, as conlleval counts them. A tag with no B-/I- prefix (IO
+    tags: `PER`, `LOC`; or another scheme's `S-PER`) is read as the transformers pipelines, and so the server,
+    group it: inside an entity of that whole tag (its F1 had been 0 whatever the model: no span began)."""
     spans: set[tuple[int, int, str]] = set()
     start: int | None = None
     kind = ""
     for i, tag in enumerate([*tags, "O"]):
-        prefix, _, label = tag.partition("-")
+        if tag[:2] in ("B-", "I-"):
+            prefix, label = tag[0], tag[2:]
+        else:
+            prefix, label = ("O", "") if tag == "O" else ("I", tag)
         if start is not None and (prefix != "I" or label != kind):
             spans.add((start, i - 1, kind))
             start, kind = None, ""

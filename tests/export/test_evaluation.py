@@ -173,6 +173,11 @@ def test_qa_eval_reads_squad_json(tiny_checkpoint, tmp_path: Path) -> None:
             "2 tag(s) the model does not have (B-PERSON, B-CITY; first on line 1); its tags: O, B-PER, I-PER, B-LOC",
         ),
         ("classification", "sentence\tlabel\ngreat\t\u00b2\n", "line 2: label '\u00b2' is not one of"),  # isdigit()
+        (  # pandas' to_csv(sep="\t") with its index: the row numbers were read as the texts, the texts as pairs
+            "classification",
+            "\tsentence\tlabel\n0\tgreat\t1\n",
+            "line 1: the header's first column has no name, as pandas writes its index",
+        ),
         (
             "classification",
             "word " * 30_000 + "\tpositive\nok\tnegative\n",
@@ -186,6 +191,21 @@ def test_bad_eval_data_is_a_clear_error(tiny_checkpoint, tmp_path: Path, task: s
     checkpoint = load_checkpoint(str(tiny_checkpoint("bert", task)))
     with pytest.raises(ExportError, match=re.escape(message)):
         load_eval_set(data, checkpoint)
+
+
+def test_labels_that_are_numbers_are_read_as_names_only(tiny_checkpoint, tmp_path: Path) -> None:
+    """Star ratings "1".."5": "0" was read as index 0 and "1".."4" as names, four of five examples shifted."""
+    checkpoint = load_checkpoint(str(tiny_checkpoint("bert", "classification", labels=["1", "2", "3", "4", "5"])))
+    data = tmp_path / "stars.tsv"
+    data.write_text("awful\t1\nfine\t3\nsuperb\t5\n")
+    assert load_eval_set(data, checkpoint).golds == [0, 2, 4]
+    data.write_text("awful\t1\nfine\t0\n")  # 0 is no star rating: an index, which this file cannot hold
+    with pytest.raises(ExportError, match=re.escape("line 2: label '0' is not one of ['1', '2', '3', '4', '5'] (the")):
+        load_eval_set(data, checkpoint)
+    # labels that are their own indices are read either way, as before
+    indices = load_checkpoint(str(tiny_checkpoint("bert", "classification", labels=["0", "1", "2"])))
+    data.write_text("awful\t0\nsuperb\t2\n")
+    assert load_eval_set(data, indices).golds == [0, 2]
 
 
 def test_command_line_prints_figures_and_refuses_negative_budgets(tiny_checkpoint, tmp_path: Path) -> None:
@@ -228,6 +248,13 @@ def test_entity_spans_follow_conlleval() -> None:
         (4, 4, "LOC"),
         (5, 5, "ORG"),
     }
+
+
+def test_tags_without_a_b_or_i_prefix_are_entities_as_the_pipeline_groups_them() -> None:
+    """IO tags (PER, LOC) made no span at all: F1 0 for every variant, and int8 'within budget' of it."""
+    assert entity_spans(["PER", "PER", "O", "LOC", "O", "MISC"]) == {(0, 1, "PER"), (3, 3, "LOC"), (5, 5, "MISC")}
+    # another scheme's tags are entities of the whole tag, as the pipeline's entity_group says them
+    assert entity_spans(["S-PER", "O", "B-LOC", "E-LOC"]) == {(0, 0, "S-PER"), (2, 2, "LOC"), (3, 3, "E-LOC")}
 
 
 def test_words_map_to_their_first_token() -> None:

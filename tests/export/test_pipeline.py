@@ -171,6 +171,23 @@ def test_half_precision_checkpoint_is_exported_from_fp32(tiny_checkpoint, tmp_pa
     assert {init.data_type for init in graph.graph.initializer if init.data_type in (1, 10, 16)} == {1}
 
 
+def test_weights_that_hold_nan_are_refused_naming_them(tmp_path: Path) -> None:
+    """NaN in two embedding rows: an fp32 export passed its validation (whose texts never met those words) and its
+    served entry failed every request with one of them; int8 failed on an assertion naming neither."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.tiny_models import write_tiny_checkpoint
+
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", "bert", "classification")
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    name = next(key for key in weights if key.endswith("word_embeddings.weight"))
+    weights[name][[5, 7]] = float("nan")
+    save_file(weights, str(checkpoint / "model.safetensors"))
+    with pytest.raises(ExportError, match=r"hold NaN or infinite values: \S*word_embeddings.weight \(\d+ values\)"):
+        export_checkpoint(str(checkpoint), "nan", tmp_path / "models", variants="fp32")
+    assert not (tmp_path / "models" / "nan").exists()
+
+
 def test_pytorch_bin_weights(tmp_path: Path) -> None:
     from tests.tiny_models import write_tiny_checkpoint
 
