@@ -4,8 +4,9 @@ vector: unit length, and fewer dimensions.
 
 - `prepare`: texts to rows as classification makes them (one row per text, cut to the window or refused), each text
   behind the model's default prompt where sentence-transformers' `encode` puts one;
-- `postprocess`: `dimensions` keeps the first N values and normalizes again (Matryoshka-trained models are made to
-  be cut so; OpenAI's `dimensions` does the same), and `normalize` scales the vector to unit length (L2).
+- `postprocess`: `dimensions` keeps the first N values (Matryoshka-trained models are made to be cut so; OpenAI's
+  `dimensions` does the same), and `normalize` scales the vector to unit length (L2), the cut one too: without it
+  the first N values as they are, as sentence-transformers' `encode(truncate_dim=N, normalize_embeddings=False)`.
 """
 
 from __future__ import annotations
@@ -67,14 +68,14 @@ def check_dimensions(dimensions: int | None, size: int) -> None:
 
 
 def postprocess(vector: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
-    """The answer's vector, float32 and one-dimensional: its first `dimensions` values (normalized again: a cut unit
-    vector is no longer one), scaled to unit length where `normalize` asks it (the graph's vector as it is
-    otherwise). An array, not a list: the answers write it out as it is (JSON, base64, tensors) without a Python
-    float per value."""
+    """The answer's vector, float32 and one-dimensional: its first `dimensions` values, scaled to unit length where
+    `normalize` asks it (a cut unit vector is no longer one); the graph's values as they are otherwise (a client
+    that asks `normalize: false` with `dimensions` gets the first N values, not a unit vector). An array, not a
+    list: the answers write it out as it is (JSON, base64, tensors) without a Python float per value."""
     check_dimensions(dimensions, vector.shape[-1])
     values = vector.astype(np.float32, copy=False)
     if dimensions is not None and dimensions < values.shape[-1]:
-        values, normalize = values[:dimensions], True
+        values = values[:dimensions]
     if normalize:
         norm = float(np.linalg.norm(values.astype(np.float64)))
         values = values / np.float32(max(norm, NORM_EPSILON))

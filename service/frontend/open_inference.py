@@ -14,7 +14,8 @@ A model's tensors (one element per input, row-major; shape [N] or [N, 1]):
   /qa answers); parameters `top_k`, `max_answer_len`, `doc_stride`, `max_seq_len`, `max_question_len`,
   `handle_impossible_answer`, `align_to_words`;
 - embedding: `text` BYTES in; `embedding` FP32 out, shape [N, D] (a vector per input, as the native /embed answers
-  it); parameters `normalize` (default true) and `dimensions` (the first D values, normalized again).
+  it); parameters `normalize` (default true) and `dimensions` (the first D values, normalized again unless
+  `normalize` is false).
 
 BYTES elements are UTF-8 text. Every error is a domain error (`service.errors`): BadRequest where the tensors break
 the protocol (a name, a datatype, a shape that disagrees with the data), InvalidInput where the text breaks a limit.

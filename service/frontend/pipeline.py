@@ -164,13 +164,13 @@ class RequestPipeline:
         names: Sequence[str] | None = None,
     ) -> tuple[list[np.ndarray], Timings]:
         """A vector per text, in order, a float32 array each: the graph's (pooled, through any Dense layers,
-        normalized where the model normalizes), its first `dimensions` values normalized again, scaled to unit length
-        with `normalize`. A text longer than the model's window is cut to it or refused (`truncate`; None: as
+        normalized where the model normalizes), its first `dimensions` values, scaled to unit length with
+        `normalize`. A text longer than the model's window is cut to it or refused (`truncate`; None: as
         --token-overflow says); each text is one row in the batcher, as a classify input. `field` is the request's
-        name for its texts (inputs; OpenAI's input), so that an error names the text at fault as the client knows it.
-        Each text goes behind the prompt named (`prompt_name`, one of the model's), else the model's default prompt,
-        as sentence-transformers' `encode` puts it. `names`, where given: each text's own name in the request, for its
-        errors (`field` then names the texts as a whole, for their count)."""
+        name for its texts (inputs; OpenAI's input), so that an error names the text at fault as the client knows
+        it. Each text goes behind the prompt named (`prompt_name`, one of the model's), else the model's default
+        prompt, as sentence-transformers' `encode` puts it. `names`, where given: each text's own name in the
+        request, for its errors (`field` then names the texts as a whole, for their count)."""
         model = await self.model_for(name, "embedding", ticket)
         spec = _embedding_spec(model)
         self._check_task_options(lambda: embedding.check_dimensions(dimensions, spec.dimension))

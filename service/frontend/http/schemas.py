@@ -142,7 +142,8 @@ class EmbedRequest(Strict):
     dimensions: StrictInt | None = Field(
         None,
         ge=1,
-        description="keep each vector's first N values, normalized again (Matryoshka-trained models); at most the "
+        description="keep each vector's first N values, normalized again unless normalize is false (Matryoshka-"
+        "trained models); at most the "
         "model's dimension; null: every value",
     )
     prompt_name: str | None = Field(
@@ -291,7 +292,10 @@ class HfFeatureExtractionRequest(Strict):
         None, description="the side a text is cut on: right (its end), the only one taken"
     )
     dimensions: StrictInt | None = Field(
-        None, ge=1, description="keep each vector's first N values, normalized again; at most the model's dimension"
+        None,
+        ge=1,
+        description="keep each vector's first N values, normalized again unless normalize is false; at most the "
+        "model's dimension",
     )
     encoding_format: Literal["float"] | None = Field(None, description="float, the only one taken")
 

@@ -35,9 +35,12 @@ def test_the_vector_is_a_float32_array_of_its_own(source: type, normalize: bool,
     assert vector.shape == (dimensions or 4,)
 
 
-def test_dimensions_keeps_the_first_values_normalized_again() -> None:
-    """A cut unit vector is no longer one: OpenAI's `dimensions` and Matryoshka models normalize it again."""
-    assert embedding.postprocess(VECTOR, normalize=False, dimensions=2).tolist() == pytest.approx([0.6, 0.8])
+def test_dimensions_keeps_the_first_values_normalized_again_unless_normalize_is_false() -> None:
+    """A cut unit vector is no longer one: OpenAI's `dimensions` and Matryoshka models normalize it again; a client
+    that asks `normalize: false` gets the first values as they are (sentence-transformers' truncate_dim without
+    normalize_embeddings), where it got a unit vector."""
+    assert embedding.postprocess(VECTOR, normalize=True, dimensions=2).tolist() == pytest.approx([0.6, 0.8])
+    assert embedding.postprocess(VECTOR, normalize=False, dimensions=2).tolist() == [3.0, 4.0]
     assert embedding.postprocess(VECTOR / 13, normalize=True, dimensions=2).tolist() == pytest.approx([0.6, 0.8])
     assert embedding.postprocess(VECTOR, normalize=False, dimensions=4).tolist() == [3.0, 4.0, 12.0, 0.0]  # not cut
 
