@@ -92,7 +92,10 @@ async def metrics(request: Request) -> Response:
 @router.get("/v1/models", response_model=schemas.ModelList, tags=["models"], summary="Every served model")
 async def list_models(request: Request) -> dict[str, Any]:
     server = server_state(request)
-    return {"models": [server.model_info(model) for model in server.registry.models.values()]}
+    models = [server.model_info(model) for model in server.registry.models.values()]
+    # OpenAI's models API beside (the openai SDK's models.list() reads `data`)
+    openai = [{key: model[key] for key in ("id", "object", "created", "owned_by")} for model in models]
+    return {"models": models, "object": "list", "data": openai}
 
 
 @router.get(

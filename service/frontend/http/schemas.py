@@ -178,7 +178,16 @@ class EmbeddingInfo(BaseModel):
     )
 
 
-class ModelInfo(BaseModel):
+class OpenAIModel(BaseModel):
+    """A model as OpenAI's models API describes it."""
+
+    id: str = Field(description="the model's name")
+    object: Literal["model"] = "model"
+    created: int = Field(description="its version's export time, Unix seconds (0: unknown)")
+    owned_by: str = "bertserve"
+
+
+class ModelInfo(OpenAIModel):
     name: str
     status: Literal["loading", "checking", "ready", "failed", "unloading"] = Field(
         description="loading -> checking (one real request through the whole path) -> ready, or failed; "
@@ -225,6 +234,8 @@ class ModelInfo(BaseModel):
 
 class ModelList(BaseModel):
     models: list[ModelInfo]
+    object: Literal["list"] = Field("list", description="OpenAI's models API: the openai SDK's models.list()")
+    data: list[OpenAIModel] = Field(description="every served model as OpenAI's models API lists it")
 
 
 # The Hugging Face task API (POST /v1/models/{name}, service.frontend.http.hf_tasks): the task payload

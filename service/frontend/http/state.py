@@ -9,6 +9,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,7 @@ class ServerState:
     def model_info(self, model: ServedModel) -> dict[str, Any]:
         config, engine, s = model.config, model.engine_report, self.settings
         return {
+            **openai_model(model.name, model.version),
             "name": model.name,
             "status": model.status,
             "error": model.failure,
@@ -236,6 +238,17 @@ def _variant_accuracy(config: ModelConfig | None, variant: str | None) -> dict[s
     if config is None or variant is None or variant not in config.variants:
         return None
     return config.variants[variant].get("accuracy")
+
+
+def openai_model(name: str, version: str | None) -> dict[str, Any]:
+    """A model as OpenAI's models API gives it (`GET /v1/models`' `data`, `GET /v1/models/{name}`): the openai SDK's
+    `models.list()` and `models.retrieve()`, and the OpenAI-compatible gateways that list a server's models, read
+    these fields. `created`: the version's export time (epoch seconds), 0 where it has none."""
+    try:
+        created = int(datetime.strptime((version or "")[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp())
+    except ValueError:
+        created = 0
+    return {"id": name, "object": "model", "created": created, "owned_by": "bertserve"}
 
 
 def _embedding(config: ModelConfig | None) -> dict[str, Any] | None:

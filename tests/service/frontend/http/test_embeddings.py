@@ -471,3 +471,19 @@ def test_tritonclient_over_grpc_gets_the_same_tensor(
     vectors = client.infer(MODEL, [text]).as_numpy("embedding")
     assert vectors.shape == (3, 384) and vectors.dtype == np.float32
     assert cosines(vectors, reference.encode(sentences[:3], convert_to_numpy=True)).min() >= COSINE
+
+
+def test_the_sdks_models_api_lists_and_retrieves_the_served_models(embed_server: Server) -> None:
+    """`client.models.list()` failed inside the openai SDK (a TypeError: no `data`), and `retrieve` gave a model
+    whose id was None: OpenAI-compatible gateways list a server's models so."""
+    client = openai_client(embed_server)
+    listed = {model.id: model for model in client.models.list()}
+    assert set(listed) == {MODEL, CLASSIFIER}
+    assert all(model.object == "model" and model.owned_by == "bertserve" for model in listed.values())
+    assert listed[MODEL].created > 1_700_000_000  # the version's export time: this session's
+    one = client.models.retrieve(MODEL)
+    assert (one.id, one.created) == (MODEL, listed[MODEL].created)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    native = httpx.get(embed_server.url + "/v1/models").json()  # the native list, as before, beside
+    assert {model["name"] for model in native["models"]} == {MODEL, CLASSIFIER}
