@@ -88,6 +88,7 @@ def install_repository_api(app: FastAPI, settings: Settings) -> None:
     async def load(name: str, request: Request) -> dict[str, Any]:
         keys.check(request)
         _check_name(name)
+        await _check_load_parameters(request)
         server = server_state(request)
         since = time.monotonic_ns()  # a load the engine makes for this call is an offer made after this
         result = await server.engine.control("load", name)
@@ -117,6 +118,32 @@ def install_repository_api(app: FastAPI, settings: Settings) -> None:
 def _unloading(server: ServerState, name: str) -> bool:
     model = server.registry.models.get(name)
     return model is not None and model.engine_report.get("status") == ModelStatus.UNLOADING
+
+
+async def _check_load_parameters(request: Request) -> None:
+    """A load takes the entry as exported: Triton's configuration override (tritonclient's `load_model(config=...)`)
+    and model files sent with the call (`files=`) are refused (400), never ignored: the call was answered 200 as if
+    they had been applied."""
+    if not await request.body():
+        return
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise BadRequest("the load request's body must be a JSON object", field="body")
+    parameters = body.get("parameters")
+    if parameters is None:
+        return
+    if not isinstance(parameters, dict):
+        raise BadRequest("parameters must be an object", field="parameters")
+    for key in parameters:
+        shown = key[:60]
+        if key == "config" or key.startswith("file:"):
+            raise BadRequest(
+                f"parameter {shown!r} is not taken: this server loads the repository's entry as exported, with no "
+                "configuration override or files sent with the call (export the checkpoint into the repository "
+                "with python -m export, then load it by name)",
+                field=f"parameters.{shown}",
+            )
+        raise BadRequest(f"parameter {shown!r} is not one a load takes", field=f"parameters.{shown}")
 
 
 def _check_name(name: str) -> None:

@@ -15,7 +15,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as tritonhttp
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
 from tests.harness.serving import free_port
 from tests.service.conftest import run_service, wait_for
@@ -377,3 +379,24 @@ def test_an_unload_after_grpc_requests_is_answered_at_once(explicit) -> None:
         client.close()
         admin(explicit, "/v2/repository/models/g/unload")
         shutil.rmtree(explicit.repository / "g", ignore_errors=True)
+
+
+def test_a_configuration_override_or_files_sent_with_a_load_are_refused_not_ignored(explicit) -> None:
+    """tritonclient's load_model(config=...) and load_model(files=...) were answered 200 with the body unread, as if
+    the override or the files had been applied."""
+    client = tritonhttp.InferenceServerClient(explicit.url.removeprefix("http://"))
+    for kwargs, said in (
+        ({"config": '{"max_batch_size": 8}'}, "parameter 'config' is not taken"),
+        ({"config": "not json at all"}, "parameter 'config' is not taken"),
+        ({"files": {"file:1/model.onnx": b"weights"}}, "parameter 'file:1/model.onnx' is not taken"),
+    ):
+        with pytest.raises(InferenceServerException) as refused:
+            client.load_model("b", headers=ADMIN, **kwargs)
+        assert said in refused.value.message(), refused.value.message()
+        assert refused.value.status() == "400"
+    assert admin(explicit, "/v2/repository/models/b/load", json={"parameters": {"priority": 1}}).status_code == 400
+    assert admin(explicit, "/v2/repository/models/b/load", json=[1]).status_code == 400
+    index = {m["name"]: m["state"] for m in admin(explicit, "/v2/repository/index").json()}
+    assert index["b"] == "UNAVAILABLE"  # nothing loaded
+    client.load_model("a", headers=ADMIN)  # a plain load (a served model: at once), as tritonclient sends it
+    client.close()
