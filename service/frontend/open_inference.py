@@ -235,6 +235,22 @@ def check_parameters(task: TaskTensors, parameters: dict[str, Any]) -> dict[str,
     return {name: value for name, value in parameters.items() if name in task.parameters}
 
 
+def check_output_parameters(output: str, parameters: dict[str, Any]) -> None:
+    """A requested output's parameters: `binary_data` (REST's binary extension) only. Triton's classification
+    extension (`classification`, tritonclient's `class_count`) is refused, not ignored: the plain tensor came back
+    as if it had been applied."""
+    for name in parameters:
+        if name == "binary_data":
+            continue
+        if name == "classification":
+            raise BadRequest(
+                f"output {output[:100]!r}: parameter 'classification' (tritonclient's class_count) is not taken: "
+                "Triton's classification extension is not served; a classification model's label and score "
+                "outputs give its best labels (parameter top_k)"
+            )
+        raise BadRequest(f"output {output[:100]!r}: parameter {name[:100]!r} is not one an output takes")
+
+
 async def infer(
     pipeline: RequestPipeline,
     model: ServedModel,

@@ -121,6 +121,8 @@ class InferenceService:
         ]
         parameters = {name: _value(parameter) for name, parameter in request.parameters.items()}
         requested = [output.name for output in request.outputs] or None
+        for output in request.outputs:
+            oip.check_output_parameters(output.name, {key: _value(value) for key, value in output.parameters.items()})
         door = state.door
         admission = door.try_enter(request.ByteSize(), model.name)
         if admission is None:

@@ -194,6 +194,8 @@ async def infer(request: Request) -> Response:
         raise BadRequest(f"the body holds {len(binary) - offset} bytes after the inputs' binary data")
     parameters = parsed.parameters.model_dump() if parsed.parameters else {}
     requested = [output.name for output in parsed.outputs] if parsed.outputs else None
+    for output in parsed.outputs or ():
+        oip.check_output_parameters(output.name, output.parameters or {})
     async with admitted(request) as ticket:
         result = await oip.infer(server.pipeline, model, inputs, parameters, requested, ticket)
     binary_out = {

@@ -302,6 +302,14 @@ def test_a_cold_server_refuses_with_resource_exhausted_and_its_reason(oip_reposi
     assert "Traceback" not in server.log()
 
 
+def test_tritonclients_class_count_is_invalid_argument_not_ignored(oip_server) -> None:
+    client = grpcclient.InferenceServerClient(url=oip_server.grpc_url)
+    asked = [grpcclient.InferRequestedOutput("score", class_count=2)]
+    with pytest.raises(InferenceServerException, match="class_count") as error:
+        client.infer("bert-classification", [texts("text", ["x"])], outputs=asked)
+    assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
 def test_tritonclient_raises_the_status(oip_server) -> None:
     client = grpcclient.InferenceServerClient(url=oip_server.grpc_url)
     with pytest.raises(InferenceServerException, match="no model named") as error:

@@ -241,6 +241,24 @@ def test_tritonclient_reports_the_error(oip_server) -> None:
         client.infer("bert-ner", [texts("text", ["x"], binary=True)], parameters={"top_k": 1})
 
 
+def test_tritonclients_class_count_is_refused_not_ignored(oip_server) -> None:
+    """Triton's classification extension (class_count) is not served: the plain score tensor came back as if it
+    had been; any other output parameter but binary_data is refused too."""
+    client = httpclient.InferenceServerClient(url=oip_server.http_url)
+    asked = [httpclient.InferRequestedOutput("score", binary_data=False, class_count=2)]
+    with pytest.raises(InferenceServerException, match=r"'classification' .*class_count.* is not taken") as refused:
+        client.infer("bert-classification", [texts("text", ["x"], binary=True)], outputs=asked)
+    assert refused.value.status() == "400"
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}
+    odd = {**body, "outputs": [{"name": "score", "parameters": {"foo": 1}}]}
+    answer = httpx.post(f"{oip_server.http.url}/v2/models/bert-classification/infer", json=odd, timeout=30)
+    assert answer.status_code == 400 and "parameter 'foo' is not one an output takes" in answer.json()["error"]
+    plain = [httpclient.InferRequestedOutput("score", binary_data=True)]  # binary_data alone: served as ever
+    assert (
+        client.infer("bert-classification", [texts("text", ["x"], binary=True)], outputs=plain).as_numpy("score").size
+    )
+
+
 def test_a_tensor_sent_both_as_data_and_as_binary_data_is_refused(oip_server) -> None:
     """Two payloads for one tensor: the binary one was served and the JSON data dropped unread."""
     tensor = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["from the JSON"]}
