@@ -36,7 +36,7 @@ from bertcore.messages import shown
 from bertcore.tasks.classification import text_input
 from bertcore.tasks.ner import AGGREGATION_STRATEGIES
 from bertcore.version import __version__
-from service.errors import BadRequest, InvalidInput, NotReady
+from service.errors import BadRequest, InvalidInput, ModelNotFound, NotReady
 from service.frontend.pipeline import RequestPipeline, Timings
 from service.frontend.registry import ServedModel
 from service.wire.ticket import Ticket
@@ -233,6 +233,19 @@ def check_parameters(task: TaskTensors, parameters: dict[str, Any]) -> dict[str,
         takes = ", ".join(task.parameters)
         raise BadRequest(f"parameter {unknown[0][:100]!r} is not one this model takes (it takes: {takes})")
     return {name: value for name, value in parameters.items() if name in task.parameters}
+
+
+def unversioned(name: str, version: str) -> ModelNotFound:
+    """The error for a request naming a model's version (REST's /versions/{v}/ routes, gRPC's model_version): the
+    served models have none."""
+    return ModelNotFound(f"model {name[:100]!r} has no version {version[:20]!r}: served models are unversioned")
+
+
+# Triton's extensions that tritonclient calls and this server does not serve: what each 404 says instead
+NOT_SERVED = {
+    "stats": "Triton's statistics extension is not served: GET /metrics has the server's figures (Prometheus)",
+    "config": "Triton's model configuration is not served: GET /v2/models/{name} gives the model's tensors",
+}
 
 
 def check_output_parameters(output: str, parameters: dict[str, Any]) -> None:

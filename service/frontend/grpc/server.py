@@ -35,7 +35,6 @@ from service.errors import (
     CLIENT_CLOSED,
     BadRequest,
     DeadlineExceeded,
-    ModelNotFound,
     NotReady,
     ServiceError,
     StartupError,
@@ -158,7 +157,7 @@ class InferenceService:
 def _unversioned(name: str, version: str) -> str:
     """The model's name; a version is refused (NOT_FOUND): the served models have none."""
     if version:
-        raise ModelNotFound(f"model {name[:100]!r} has no version {version[:20]!r}: served models are unversioned")
+        raise oip.unversioned(name, version)
     return name
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.errors import BadRequest
+from service.errors import BadRequest, ModelNotFound
 from service.frontend import open_inference as oip
 from service.frontend.http import schemas
 from service.frontend.http.json_answer import JsonAnswer, stdlib_json
@@ -149,7 +149,24 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/v2/models/{name}", response_model=ModelMetadata, summary="A model's tensors", responses=ERRORS)
 async def model_metadata(name: str, request: Request) -> dict[str, Any]:
-    return oip.model_metadata(server_state(request).registry.lookup(name))
+    registry = server_state(request).registry
+    if name == "stats" and name not in registry.models:  # Triton's GET /v2/models/stats (tritonclient's)
+        raise ModelNotFound(oip.NOT_SERVED["stats"])
+    return oip.model_metadata(registry.lookup(name))
+
+
+@router.get("/v2/models/{name}/stats", include_in_schema=False)
+@router.get("/v2/models/{name}/config", include_in_schema=False)
+async def not_served(name: str, request: Request) -> None:
+    """Triton's statistics and model configuration, as tritonclient asks them: a 404 that says what to use."""
+    raise ModelNotFound(oip.NOT_SERVED[request.url.path.rsplit("/", 1)[-1]])
+
+
+@router.api_route("/v2/models/{name}/versions/{version}", methods=["GET", "POST"], include_in_schema=False)
+@router.api_route("/v2/models/{name}/versions/{version}/{rest:path}", methods=["GET", "POST"], include_in_schema=False)
+async def versioned(name: str, version: str) -> None:
+    """A model's version named (tritonclient's model_version): what gRPC says of it, not "no such endpoint"."""
+    raise oip.unversioned(name, version)
 
 
 @router.get(

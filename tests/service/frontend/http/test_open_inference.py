@@ -316,3 +316,25 @@ def test_tritonclients_priority_and_timeout_are_taken(oip_server) -> None:
         response = raw.post("/v2/models/bert-classification/infer", json=body)
     assert response.status_code == 422
     assert response.json()["error"] == "parameter timeout must be a whole number of microseconds, not 'soon'"
+
+
+def test_tritonclients_calls_of_what_is_not_served_say_so(oip_server) -> None:
+    """Statistics read "no model named 'stats'" and a versioned call "no such endpoint": a 404 says what it is."""
+    client = httpclient.InferenceServerClient(url=oip_server.http_url)
+    for call, said in (
+        (lambda: client.get_inference_statistics(), "statistics extension is not served: GET /metrics"),
+        (lambda: client.get_inference_statistics("bert-classification"), "statistics extension is not served"),
+        (lambda: client.get_model_config("bert-classification"), "model configuration is not served"),
+        (
+            lambda: client.get_model_metadata("bert-classification", model_version="1"),
+            "model 'bert-classification' has no version '1': served models are unversioned",
+        ),
+        (
+            lambda: client.infer("bert-classification", [texts("text", ["x"], binary=True)], model_version="2"),
+            "has no version '2'",
+        ),
+    ):
+        with pytest.raises(InferenceServerException) as refused:
+            call()
+        assert said in refused.value.message() and refused.value.status() == "404", refused.value.message()
+    assert client.get_model_metadata("bert-classification")["name"] == "bert-classification"
