@@ -164,7 +164,7 @@ class ServerState:
         if stuck := self.engine.stuck():
             return unavailable(f"not ready: {stuck}")
         if not self.engine.connected:
-            return unavailable("not ready: the engine is starting or restarting")
+            return unavailable("not ready: not connected to the engine (this front-end or the engine is starting)")
         if silent := self.engine.unresponsive():
             return unavailable(f"not ready: {silent}")
         if not registry.ready:
