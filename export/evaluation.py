@@ -107,7 +107,7 @@ def _read_tsv(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str | None,
         str(i) for i in range(len(labels))
     ]
     examples = []
-    with path.open(encoding="utf-8", newline="") as stream:
+    with path.open(encoding="utf-8-sig", newline="") as stream:
         reader = csv.reader(stream, delimiter="\t", quoting=csv.QUOTE_NONE)
         try:
             for number, row in enumerate(reader, 1):
@@ -150,7 +150,7 @@ def _read_conll(path: Path, checkpoint: Checkpoint) -> list[tuple[list[str], lis
     tags: list[str] = []
     known = set(checkpoint.labels or [])
     unknown: dict[str, int] = {}  # tag -> the first line it is on
-    for number, line in enumerate([*path.read_text(encoding="utf-8").splitlines(), ""], 1):
+    for number, line in enumerate([*path.read_text(encoding="utf-8-sig").splitlines(), ""], 1):
         parts = line.split()
         if parts and parts[0] == "-DOCSTART-":
             continue
@@ -176,7 +176,7 @@ def _read_conll(path: Path, checkpoint: Checkpoint) -> list[tuple[list[str], lis
 
 
 def _read_squad(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str, list[str]]]:
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(path.read_text(encoding="utf-8-sig"))
 
     def field_of(parent: Any, key: str, kind: type, where: str) -> Any:
         """parent[key], which must be a `kind`; else an error naming the field, as data[0].paragraphs[1].qas[2]."""

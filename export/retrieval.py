@@ -36,7 +36,7 @@ class RetrievalData:
 def read_retrieval(path: Path, limit: int | None = None) -> RetrievalData:
     """The file, checked; `limit` keeps the first N queries (and every passage)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ExportError(f"--eval {path}: cannot read it as {FORMAT}: {one_line(exc)}") from exc
     shape = '{"queries": [str], "passages": [str], "answers": [[passage index, ...] per query]}'

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--articles", type=int, default=None, help="only the first N articles (default: all)")
     args = parser.parse_args(argv)
     try:
-        data = from_squad(json.loads(args.squad.read_text(encoding="utf-8")), args.articles)
+        data = from_squad(json.loads(args.squad.read_text(encoding="utf-8-sig")), args.articles)
         args.out.write_text(json.dumps(data, ensure_ascii=False) + "\n", encoding="utf-8")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         print(f"error: {args.squad}: not SQuAD v1.1 JSON, or {args.out} not writable: {one_line(exc)}", file=sys.stderr)

@@ -335,3 +335,18 @@ def test_the_qa_gate_scores_the_answers_the_server_gives(
     assert any(start >= reach for (start, _), reach in zip(served, first_window_reach, strict=True)), (
         "every answer lay in its first window: a gate that cut contexts to one window would pass this test too"
     )
+
+
+def test_a_byte_order_mark_is_not_read_as_data(tiny_checkpoint, tmp_path: Path) -> None:
+    """Editors on Windows write one: CoNLL's `-DOCSTART-` behind it became a scored one-word sentence, and SQuAD's
+    JSON was refused with the decoder's own words."""
+    ner = load_checkpoint(str(tiny_checkpoint("bert", "ner")))
+    conll = tmp_path / "dev.conll"
+    conll.write_text("\ufeff-DOCSTART- -X- O O\n\nJohn NNP B-PER\nlives VBZ O\n\n", encoding="utf-8")
+    assert load_eval_set(conll, ner).golds == [["B-PER", "O"]]
+    qa = load_checkpoint(str(tiny_checkpoint("bert", "qa")))
+    squad = tmp_path / "dev.json"
+    question = {"question": "Who lives?", "answers": [{"text": "John", "answer_start": 0}]}
+    body = {"data": [{"paragraphs": [{"context": "John lives here.", "qas": [question]}]}]}
+    squad.write_text("\ufeff" + json.dumps(body), encoding="utf-8")
+    assert len(load_eval_set(squad, qa).golds) == 1
