@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,21 +57,29 @@ def staged_entry(repository: Path, name: str) -> Iterator[Path]:
 
     The staging folder sits inside the repository (same file system) and starts with '.', which the server
     skips. The old entry is moved aside before the new one is renamed in, and put back if that rename fails.
+    While the export runs it holds a lock on a file in the folder: an export of the same name finds the folders of
+    exports that were killed (kill -9, an OOM kill: nothing of theirs could clean up; a real model's left ~200 MB
+    each) by their lock, free, and removes them (`_remove_abandoned`).
     """
     created_repository = not repository.exists()
     staging: Path | None = None
+    lock = None
     try:
         # Ctrl-C and SIGTERM wait while the folder is made and named, so that the clean-up below always knows it
         masked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             repository.mkdir(parents=True, exist_ok=True)
+            _remove_abandoned(repository, name)
             staging = Path(tempfile.mkdtemp(prefix=f".{name}.staging-", dir=repository))
             staging.chmod(0o755)  # mkdtemp makes it private; the entry is read by the server, maybe as another user
+            lock = (staging / STAGING_LOCK).open("w")
+            fcntl.flock(lock, fcntl.LOCK_EX)
         except OSError as exc:
             raise ExportError(f"cannot write to the model repository {repository}: {exc.strerror or exc}") from exc
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, masked)
         yield staging
+        (staging / STAGING_LOCK).unlink()  # not part of the entry (the lock stays held until the file closes)
         _replace(staging, repository / name)
     except BaseException:
         if staging is not None:
@@ -77,6 +87,31 @@ def staged_entry(repository: Path, name: str) -> Iterator[Path]:
         if created_repository and repository.is_dir() and not any(repository.iterdir()):
             repository.rmdir()
         raise
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+STAGING_LOCK = ".export.lock"  # held (flock) by the export that writes the staging folder, for its whole run
+ABANDONED_UNLOCKED_S = 600.0  # a staging folder with no lock file at all, untouched this long: an export killed
+
+
+def _remove_abandoned(repository: Path, name: str) -> None:
+    """The staging folders of `name` whose export is gone: their lock free (its process died), or, with no lock
+    file (an export killed between making the folder and locking it), untouched for ABANDONED_UNLOCKED_S."""
+    for folder in repository.glob(f".{name}.staging-*"):
+        try:
+            with (folder / STAGING_LOCK).open("r") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: nobody holds it
+        except FileNotFoundError:
+            try:
+                if time.time() - folder.stat().st_mtime < ABANDONED_UNLOCKED_S:
+                    continue
+            except OSError:
+                continue
+        except (BlockingIOError, OSError):
+            continue  # an export at work (or a folder this user cannot read)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _replace(staging: Path, target: Path) -> None:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from export.cli import main
 from export.errors import ExportError
-from export.repository import check_name, check_target, staged_entry
+from export.repository import STAGING_LOCK, check_name, check_target, staged_entry
 
 
 def old_entry(path: Path) -> Path:
@@ -114,3 +117,31 @@ def test_an_entry_or_nothing_may_be_replaced(tmp_path: Path) -> None:
     old_entry(tmp_path / "m")
     check_target(tmp_path, "m", str(tmp_path / "elsewhere"))
     check_target(tmp_path, "new", "someone/hub-model")
+
+
+def test_the_staging_folders_of_killed_exports_are_removed_and_a_running_ones_kept(tmp_path: Path) -> None:
+    """An export killed (kill -9, an OOM kill) leaves its staging folder: nothing of it runs to clean up, and they
+    piled up (~200 MB each for a real model). The next export of the name removes those whose lock is free."""
+    repository = tmp_path / "models"
+    repository.mkdir()
+    killed = repository / ".m.staging-killed"
+    killed.mkdir()
+    (killed / STAGING_LOCK).touch()  # its export died: nobody holds the lock
+    (killed / "model.fp32.onnx").write_bytes(b"x" * 1000)
+    unlocked = repository / ".m.staging-old"  # killed before it locked, long ago
+    unlocked.mkdir()
+    os.utime(unlocked, (time.time() - 3600, time.time() - 3600))
+    young = repository / ".m.staging-young"  # an export that is making its folder right now
+    young.mkdir()
+    running = repository / ".m.staging-running"
+    running.mkdir()
+    other = repository / ".other.staging-killed"  # another name's: not this export's to judge
+    other.mkdir()
+    (other / STAGING_LOCK).touch()
+    with (running / STAGING_LOCK).open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with staged_entry(repository, "m") as staging:
+            (staging / "model.json").write_text("{}")
+        left = sorted(path.name for path in repository.iterdir())
+    assert left == [".m.staging-running", ".m.staging-young", ".other.staging-killed", "m"], left
+    assert sorted(path.name for path in (repository / "m").iterdir()) == ["model.json"]  # no lock file in the entry
