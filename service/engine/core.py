@@ -129,7 +129,7 @@ class EngineCore:
         self._repository_error: str | None = None
         self._described: dict[str, dict[Gauge, tuple[str, ...]]] = {}  # model -> its info series (`_describe`)
         self.loaded_file: Path | None = None  # where the models loaded now are kept for a restart (`_record_loaded`)
-        self._loaded: set[str] | None = None
+        self._loaded = set(settings.model or ())  # explicit control: the models loaded now (`_record_loaded`)
 
     def load(self) -> None:
         """Open every entry's session. StartupError where a model fails and --load-failure is fail."""
@@ -573,8 +573,7 @@ class EngineCore:
         restarted engine loads at its start in place of --model's (`loaded_at_restart`)."""
         if self.loaded_file is None:
             return
-        names = set(self.settings.model or ()) if self._loaded is None else self._loaded
-        self._loaded = names | {name} if loaded else names - {name}
+        self._loaded = self._loaded | {name} if loaded else self._loaded - {name}
         written = self.loaded_file.with_suffix(".tmp")
         written.write_text(json.dumps(sorted(self._loaded)), encoding="utf-8")
         written.replace(self.loaded_file)

@@ -167,7 +167,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._send_timer = None
         log.info(
             "closed the connection of %s: it read nothing of its answer for %g s",
-            f"{self.client[0]}:{self.client[1]}" if self.client else "-",
+            self._peer(),
             self.limits.send_timeout_s,
         )
         # a reset, not a close: the kernel would otherwise go on offering the unread answer to nobody, for minutes
@@ -328,18 +328,21 @@ class HttpProtocol(HttpToolsProtocol):
         ]
         self.transport.write(b"".join(head) + body)
         self.transport.close()
-        client = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
         log.log(
-            logging.INFO if error.status_code == 408 else logging.WARNING,
+            logging.INFO if status == 408 else logging.WARNING,
             "%d from %s: %s",
-            error.status_code,
-            client,
+            status,
+            self._peer(),
             error.message,
             extra={"request_id": request_id},
         )
         if access_log.isEnabledFor(logging.INFO) and in_app is None:
             duration = time.perf_counter() - self._head_started
-            log_access(request_id, None, None, error.status_code, duration, self.client)
+            log_access(request_id, None, None, status, duration, self.client)
+
+    def _peer(self) -> str:
+        """The client's address as the log lines give it."""
+        return f"{self.client[0]}:{self.client[1]}" if self.client else "-"
 
 
 def protocol_class(limits: HttpLimits) -> type[HttpProtocol]:
