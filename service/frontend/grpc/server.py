@@ -35,6 +35,7 @@ from service.errors import (
     CLIENT_CLOSED,
     BadRequest,
     DeadlineExceeded,
+    ModelNotFound,
     NotReady,
     ServiceError,
     StartupError,
@@ -87,7 +88,12 @@ class InferenceService:
         return pb.ServerReadyResponse(ready=status == 200)
 
     async def model_ready(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:
-        model = self.state.registry.lookup(_unversioned(request.name, request.version))
+        """Triton's contract, which tritonclient's is_model_ready relies on: a name (or version) not served is not
+        ready, an answer and not an error (NOT_FOUND made is_model_ready raise instead of saying False)."""
+        try:
+            model = self.state.registry.lookup(_unversioned(request.name, request.version))
+        except ModelNotFound:
+            return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.state.model_ready(model))
 
     async def server_metadata(self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext) -> Any:

@@ -46,6 +46,8 @@ def native(server, path: str, payload: dict, headers: dict | None = None) -> lis
 def test_tritonclient_every_task(oip_server) -> None:
     client = grpcclient.InferenceServerClient(url=oip_server.grpc_url)
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("bert-qa")
+    # Triton's contract: a model not served is not ready (an answer, not NOT_FOUND: is_model_ready raised)
+    assert not client.is_model_ready("no-such-model") and not client.is_model_ready("bert-qa", model_version="2")
     assert client.get_server_metadata().name == "bertserve"
     metadata = client.get_model_metadata("bert-classification")
     assert [(t.name, t.datatype, list(t.shape)) for t in metadata.outputs] == [
