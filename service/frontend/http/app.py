@@ -165,13 +165,14 @@ def create_app(
         install_docs(app, app.title)
     app.add_middleware(AdmissionMiddleware, door=server.door)
     app.add_middleware(JsonOnlyMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(MetricsMiddleware, metrics=server.metrics, known_models=lambda: set(server.registry.models))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if keys.enabled:
         paths, prefixes = open_paths(settings)
         paths |= open_inference.PROBES  # the protocol's probes, open as /livez and /readyz are
         app.add_middleware(AuthMiddleware, keys=keys, open_paths=paths, open_prefixes=prefixes)
         document_bearer_auth(app, paths)
+    # outside the key's and the size's checks: their 401s and 413s are counted, as the fast lane's and gRPC's are
+    app.add_middleware(MetricsMiddleware, metrics=server.metrics, known_models=lambda: set(server.registry.models))
     if settings.cors_allow_origins:
         app.add_middleware(
             JsonCorsMiddleware,

@@ -552,9 +552,9 @@ def test_a_body_of_countless_bad_inputs_gets_a_short_error_at_once(tiny_server) 
     assert len(long_key.content) < 1000
 
 
-def test_a_chunked_body_over_the_limit_is_counted_as_its_413(tiny_server) -> None:
-    """Only a 413 for a declared Content-Length is left out of bertserve_requests_total (refused before the counted
-    part, docs/serving.md); a chunked body found too large as it came was left out too."""
+def test_a_body_over_the_limit_is_counted_as_its_413_declared_or_chunked(tiny_server) -> None:
+    """A chunked body found too large as it came was left out of bertserve_requests_total, and so was one whose
+    Content-Length said so (refused before the body is read)."""
 
     def counted() -> float:
         with tiny_server.client() as client:
@@ -574,3 +574,7 @@ def test_a_chunked_body_over_the_limit_is_counted_as_its_413(tiny_server) -> Non
         response = client.post("/v1/models/bert-classification/classify", content=iter(chunks))
     assert response.status_code == 413, response.text
     assert counted() == before + 1
+    with tiny_server.client() as client:
+        declared = client.post("/v1/models/bert-classification/classify", content=b"{" + b" " * 3_000_000 + b"}")
+    assert declared.status_code == 413, declared.text
+    assert counted() == before + 2

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from service.frontend.http.auth import ApiKeys, KeyFileProblem, read_key_file
@@ -224,6 +225,36 @@ def test_every_path_but_the_probes_needs_a_key(keyed_server) -> None:
     assert head.startswith(b"HTTP/1.1 401 ") and b"connection: close" in head
     assert KEY_A not in keyed_server.log() and KEY_B not in keyed_server.log()
     assert "API keys: 2 in force; open without a key: /livez, /readyz" in keyed_server.log()
+
+
+def test_refused_keys_are_counted_in_the_request_metrics(keyed_server) -> None:
+    """A 401 was left out of bertserve_requests_total over HTTP (gRPC counted its UNAUTHENTICATED): clients left on a
+    rotated key failed every request and the dashboards' error ratio stayed at 0. Both lanes, and a route whose body
+    names the model (refused before it is read: `unknown`)."""
+
+    def refused() -> dict[str, float]:
+        text = httpx.get(keyed_server.url + "/metrics", headers={"Authorization": f"Bearer {KEY_A}"}).text
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "bertserve_requests_total" and sample.labels["status"] == "401":
+                    key = f"{sample.labels['model']} {sample.labels['endpoint']}"
+                    totals[key] = totals.get(key, 0.0) + sample.value
+        return totals
+
+    before = refused()
+    wrong = {"Authorization": "Bearer not-a-key-0123456789"}
+    with httpx.Client(base_url=keyed_server.url, timeout=30) as client:
+        assert client.post(CLASSIFY, json={"inputs": ["ok"]}, headers=wrong).status_code == 401  # the fast lane
+        assert client.post(CLASSIFY, json={"inputs": ["ok"]}).status_code == 401
+        assert client.get("/v1/models/bert-classification").status_code == 401  # the framework's lane
+        embeddings = {"model": "bert-classification", "input": "ok"}
+        assert client.post("/v1/embeddings", json=embeddings, headers=wrong).status_code == 401
+    after = refused()
+    grown = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+    assert grown.get("bert-classification classify") == 2, after
+    assert sum(value for key, value in grown.items() if key.startswith("bert-classification ")) == 3, after
+    assert sum(value for key, value in grown.items() if key.startswith("unknown ")) == 1, after
 
 
 def test_the_schema_documents_the_bearer_scheme(keyed_server) -> None:
