@@ -323,6 +323,9 @@ def pool(states: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch
     mask = attention_mask.unsqueeze(-1).to(states.dtype)
     if mode == "max":
         return states.masked_fill(mask == 0, float("-inf")).max(dim=1).values
-    total = (states * mask).sum(dim=1)
+    # a running sum, read at the last position: a sum over the sequence in one order whatever the batch's padded
+    # length (onnxruntime's ReduceSum sums in blocks that move with that length: a row's vector moved ~1e-7 with the
+    # batch it was in; the padding adds exact zeros after its last token)
+    total = torch.cumsum(states * mask, dim=1)[:, -1]
     count = torch.clamp(mask.sum(dim=1), min=1e-9)
     return total / (count if mode == "mean" else torch.sqrt(count))
