@@ -143,7 +143,9 @@ class QaParams:
         requested = DEFAULT_MAX_SEQ_LEN if self.max_seq_len is None else self.max_seq_len
         max_seq_len = min(requested, model_max_length)
         doc_stride = min(max_seq_len // 2, DEFAULT_MAX_DOC_STRIDE) if self.doc_stride is None else self.doc_stride
-        _check_stride(doc_stride, max_seq_len)
+        asked = self.max_seq_len is not None and requested > max_seq_len
+        capped = f"{max_seq_len}: the model's limit, {requested} asked" if asked else None
+        _check_stride(doc_stride, max_seq_len, capped)
         return max_seq_len, doc_stride
 
     @property
@@ -172,9 +174,11 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) 
         raise QaInputError(f"{name} must be <= {maximum} (got {shown(value)})", field=name)
 
 
-def _check_stride(doc_stride: int, max_seq_len: int) -> None:
+def _check_stride(doc_stride: int, max_seq_len: int, said: str | None = None) -> None:
+    """`said`: how max_seq_len reads in the message where it is not the request's own value (capped)."""
     if doc_stride > max_seq_len:
-        raise QaInputError(f"doc_stride ({doc_stride}) is larger than max_seq_len ({max_seq_len})", field="doc_stride")
+        message = f"doc_stride ({doc_stride}) is larger than max_seq_len ({said or max_seq_len})"
+        raise QaInputError(message, field="doc_stride")
 
 
 @dataclass(frozen=True)

@@ -463,6 +463,11 @@ def test_defaults_are_the_pipelines() -> None:
     assert qa.QaParams(max_seq_len=48, doc_stride=16).window(512) == (48, 16)
     with pytest.raises(ValueError, match=r"doc_stride \(128\) is larger than max_seq_len \(64\)"):
         qa.QaParams(doc_stride=128).window(64)
+    # a capped max_seq_len is said as such: "max_seq_len (512)" named a value the client never sent
+    with pytest.raises(
+        ValueError, match=r"doc_stride \(600\) is larger than max_seq_len \(512: the model's limit, 1000 "
+    ):
+        qa.QaParams(max_seq_len=1000, doc_stride=600).window(512)
     assert params.candidates_per_window == 12
     assert qa.QaParams(top_k=3, align_to_words=False).candidates_per_window == 3
 
@@ -681,6 +686,11 @@ def test_errors_name_the_field_to_change(tiny_bert: TorchModel) -> None:
     assert field(question * 8, LONG_CONTEXT) == "question"  # no parameter given: the question fills the window
     with pytest.raises(qa.QaInputError) as caught:
         qa.QaParams(doc_stride=128).window(64)
+    # a capped max_seq_len is said as such: "max_seq_len (512)" named a value the client never sent
+    with pytest.raises(
+        ValueError, match=r"doc_stride \(600\) is larger than max_seq_len \(512: the model's limit, 1000 "
+    ):
+        qa.QaParams(max_seq_len=1000, doc_stride=600).window(512)
     assert caught.value.field == "doc_stride"
     with pytest.raises(qa.QaInputError) as caught:
         qa.QaParams(top_k=0)
