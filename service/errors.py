@@ -138,6 +138,11 @@ class LoadFailed(ServiceError):
     status_code = 422
     error_type = "load_failed"
 
+    @classmethod
+    def unloaded(cls, name: str, version: str) -> LoadFailed:
+        """A load call whose model an unload call took away before it served."""
+        return cls(f"model {name} version {version} was unloaded before it served: an unload call came while it loaded")
+
 
 class NotReady(ServiceError):
     status_code = 503

@@ -433,9 +433,11 @@ class EngineCore:
             model = self.models.get(name)
             generation = model.generation(version) if model is not None else None
             if model is None or generation is None or generation is not model.current:
-                if model is not None and model.failed_version == version:
+                if model is None or model.status == ModelStatus.UNLOADING:
+                    raise LoadFailed.unloaded(name, version)
+                if model.failed_version == version:
                     raise LoadFailed(f"model {name} {model.load_error}")
-                return  # unloaded or superseded meanwhile: nothing more to wait for
+                return  # superseded meanwhile (a newer version serves): nothing more to wait for
             waiting = [fe for fe in self._front_ends if version not in self._uses.get(fe, {}).get(name, ())]
             remaining = deadline - time.monotonic()
             if not waiting or remaining <= 0:
@@ -469,6 +471,7 @@ class EngineCore:
                 log.info("model %s: unloading", name)
                 self.on_change()
                 self._retire()
+                self._heard()  # a load call waiting for the front-ends to serve it: it is answered now
             return {"name": name, "state": "UNLOADING" if name in self.models else "UNAVAILABLE"}
 
     def _used(self, name: str, version: str) -> bool:

@@ -156,6 +156,7 @@ async def _served(server: ServerState, name: str, version: str, since: int) -> d
     (LoadFailed; a load of the same version turned down before this call is not this call's answer)."""
     registry = server.registry
     give_up = time.monotonic() + SETTLE_S
+    seen = False
     while time.monotonic() < give_up:
         model = registry.models.get(name)
         if model is not None and model.version == version and model.status == ModelStatus.READY:
@@ -163,6 +164,9 @@ async def _served(server: ServerState, name: str, version: str, since: int) -> d
         for (rejected_name, rejected_version, offer), why in registry.rejected.items():
             if (rejected_name, rejected_version) == (name, version) and offer is not None and offer >= since:
                 raise LoadFailed(f"model {name} version {version} failed to load: {why}")
+        seen = seen or model is not None  # the engine's word on a load may come after its answer to the call
+        if (seen and model is None) or _unloading(server, name):  # an unload call came after the engine's answer
+            raise LoadFailed.unloaded(name, version)
         await _next_word(server)
     return {"name": name, "version": version, "state": "LOADING"}
 

@@ -359,6 +359,31 @@ def test_a_model_loaded_again_while_it_unloads_serves_and_reloads_without_a_fail
         shutil.rmtree(explicit.repository / "e", ignore_errors=True)
 
 
+def test_an_unload_while_its_load_runs_answers_the_load_at_once(explicit) -> None:
+    """An unload sent while the model loaded: the load call waited for front-ends to serve a model no longer
+    offered, 60 s in the engine and 60 s more in the front-end, then answered 200 "LOADING" for a model not loaded."""
+    publish(explicit.repository, "g", explicit.source / "bert-ner")
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            started = time.monotonic()
+            loading = pool.submit(admin, explicit, "/v2/repository/models/g/load")
+            time.sleep(0.05)
+            unloaded = admin(explicit, "/v2/repository/models/g/unload")
+            loaded = loading.result()
+            seconds = time.monotonic() - started
+        assert seconds < 20, (seconds, loaded.text)
+        assert unloaded.status_code in (200, 404), unloaded.text  # 404: it came before the load began
+        if loaded.status_code != 200:  # served before the unload came: 200, and the unload took it away after
+            assert loaded.status_code == 422, loaded.text
+            assert "was unloaded before it served: an unload call came while it loaded" in loaded.json()["error"]
+        if unloaded.status_code == 200:
+            index = admin(explicit, "/v2/repository/index").json()
+            assert next(m for m in index if m["name"] == "g")["state"] == "UNAVAILABLE", index
+    finally:
+        admin(explicit, "/v2/repository/models/g/unload")
+        shutil.rmtree(explicit.repository / "g", ignore_errors=True)
+
+
 def test_an_unload_after_grpc_requests_is_answered_at_once(explicit) -> None:
     """A gRPC call answered never let go of the version it used (its ticket was never done): an unload waited
     --request-timeout-s (30 s) for it, as a reload kept the version replaced, its session and memory, as long."""
