@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from service.errors import StartupError
 from service.frontend.http.app import create_app
 from service.frontend.http.auth import ApiKeys, open_paths
-from service.frontend.http.repository_api import admin_keys
+from service.frontend.http.repository_api import AdminKeys
 from service.frontend.http.server import serve
 from service.repository import discover
 from service.settings import settings_from_cli, unknown_variables
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         discover(settings)  # refuse at once, with the reason, what cannot be served
         keys = ApiKeys.from_settings(settings)  # and a key file that cannot be used
         if settings.model_control == "explicit":
-            admin_keys(settings)  # and an admin key file that cannot be used
+            AdminKeys(settings)  # and an admin key file that cannot be used, or shares a key with the inference ones
     except ValidationError as exc:
         for error in exc.errors():
             where = ".".join(str(part) for part in error["loc"])

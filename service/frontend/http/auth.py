@@ -48,9 +48,10 @@ def digest(key: str | bytes) -> bytes:
     return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
 
 
-def read_key_file(path: Path) -> tuple[list[bytes], Signature]:
-    """The digests of the file's keys and the file's signature; KeyFileProblem says why it cannot be used."""
-    where = f"api_key_file {path}"
+def read_key_file(path: Path, setting: str = "api_key_file") -> tuple[list[bytes], Signature]:
+    """The digests of the file's keys and the file's signature; KeyFileProblem says why it cannot be used (naming
+    `setting`, the file's setting)."""
+    where = f"{setting} {path}"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # NONBLOCK: a FIFO must not hang the server
     except FileNotFoundError:
@@ -66,9 +67,12 @@ def read_key_file(path: Path) -> tuple[list[bytes], Signature]:
                 f"{where} is open to other users (mode {stat.S_IMODE(info.st_mode):04o}): chmod 600 (or 640) it"
             )
         try:
-            text = os.read(fd, MAX_FILE_BYTES).decode("utf-8")
+            data = _read_whole(fd)
+            text = data.decode("utf-8").removeprefix("\ufeff")  # a byte order mark (Notepad's) is no key's
         except (OSError, UnicodeDecodeError) as exc:
             raise KeyFileProblem(f"{where} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+        if len(data) > MAX_FILE_BYTES:  # refused whole: a read cut short had taken a key's first characters for it
+            raise KeyFileProblem(f"{where} is over {MAX_FILE_BYTES:,} bytes: too large for a key file")
     finally:
         os.close(fd)
     digests = []
@@ -85,6 +89,16 @@ def read_key_file(path: Path) -> tuple[list[bytes], Signature]:
     return digests, _signature(info)
 
 
+def _read_whole(fd: int) -> bytes:
+    """The file's bytes, up to one past MAX_FILE_BYTES (a read may return fewer bytes than asked)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_FILE_BYTES and (chunk := os.read(fd, MAX_FILE_BYTES + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def _signature(info: os.stat_result) -> Signature:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
@@ -93,16 +107,21 @@ class ApiKeys:
     """The keys in force: those of the settings, and those of the key file as last read successfully."""
 
     def __init__(
-        self, keys: Iterable[str] = (), file: Path | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        keys: Iterable[str] = (),
+        file: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        setting: str = "api_key_file",
     ) -> None:
         self._fixed = [digest(key) for key in keys]
         self._file = file
+        self._setting = setting  # the file's setting, as its messages name it
         self._from_file: list[bytes] = []
         self._signature: Signature | None = None
         self._clock = clock
         self._next_check = 0.0
         if file is not None:
-            self._from_file, self._signature = read_key_file(file)
+            self._from_file, self._signature = read_key_file(file, setting)
             self._next_check = clock() + RECHECK_S
 
     @classmethod
@@ -117,6 +136,10 @@ class ApiKeys:
     @property
     def count(self) -> int:
         return len(self._current())
+
+    def shares_a_key_with(self, other: ApiKeys) -> bool:
+        """Whether a key is in force in both."""
+        return not set(self._current()).isdisjoint(other._current())
 
     def verify(self, token: bytes) -> bool:
         """Whether `token` is one of the keys; every key is compared, in constant time, whatever the answer."""
@@ -144,11 +167,11 @@ class ApiKeys:
             return
         self._signature = signature  # whatever happens now, one warning per change, not one a second
         try:
-            self._from_file, self._signature = read_key_file(self._file)
+            self._from_file, self._signature = read_key_file(self._file, self._setting)
         except KeyFileProblem as exc:
             log.warning("%s; keeping the %d keys read before", exc, len(self._from_file))
             return
-        log.info("api_key_file %s re-read: %d keys", self._file, len(self._from_file))
+        log.info("%s %s re-read: %d keys", self._setting, self._file, len(self._from_file))
 
 
 def bearer_token(scope: Scope) -> bytes | None:

@@ -20,8 +20,8 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 
-from service.errors import BadRequest, Forbidden, LoadFailed, Unauthorized
-from service.frontend.http.auth import ApiKeys, KeyFileProblem, bearer_token
+from service.errors import BadRequest, Forbidden, LoadFailed, StartupError, Unauthorized
+from service.frontend.http.auth import ApiKeys, bearer_token
 from service.frontend.http.routes import ERRORS, json_body, server_state
 from service.frontend.http.state import ServerState
 from service.repository import name_problem
@@ -39,6 +39,12 @@ class AdminKeys:
     def __init__(self, settings: Settings) -> None:
         self.admin = admin_keys(settings)
         self.inference = ApiKeys.from_settings(settings)
+        if self.inference.enabled and self.admin.shares_a_key_with(self.inference):
+            # the admin key would be checked first: every client holding that inference key could load and unload
+            raise StartupError(
+                "a key of admin_api_key_file is also an inference key (api_keys or api_key_file): the admin keys "
+                "must be separate, else every client holding it can load and unload models"
+            )
 
     def check(self, request: Request) -> None:
         token = bearer_token(dict(request.scope))
@@ -60,10 +66,7 @@ class AdminKeys:
 def admin_keys(settings: Settings) -> ApiKeys:
     """The admin key file's keys; StartupError (KeyFileProblem) says why the file cannot be used."""
     assert settings.admin_api_key_file is not None  # Settings refuses explicit mode without it
-    try:
-        return ApiKeys(file=settings.admin_api_key_file)
-    except KeyFileProblem as exc:
-        raise KeyFileProblem(f"admin_{exc}") from None
+    return ApiKeys(file=settings.admin_api_key_file, setting="admin_api_key_file")
 
 
 def install_repository_api(app: FastAPI, settings: Settings) -> None:

@@ -109,6 +109,29 @@ def test_unusable_key_files_are_refused_with_the_reason(tmp_path: Path, content,
         read_key_file(tmp_path / "dir")
 
 
+def test_a_key_file_over_a_mebibyte_is_refused_not_cut_short(tmp_path: Path) -> None:
+    """The file was read to 1 MiB and the rest ignored: a key across that mark was accepted by its first
+    characters (a shorter secret), and the keys after it were dropped, without a word."""
+    key_file = tmp_path / "keys"
+    filler = "#" * 99 + "\n"
+    padding = filler * (1_048_576 // len(filler))
+    padding += "#" * (1_048_576 - len(padding) - 10) + "\n"  # the next key starts 9 bytes before the mark
+    write_keys(key_file, f"{KEY_A}\n{padding}{KEY_B}\n")
+    with pytest.raises(KeyFileProblem, match="is over 1,048,576 bytes: too large for a key file"):
+        read_key_file(key_file)
+    write_keys(key_file, f"{KEY_A}\n{padding[: -len(KEY_B) - 20]}\n{KEY_B}\n")  # under the mark: every key
+    keys = ApiKeys(file=key_file)
+    assert keys.count == 2 and keys.verify(KEY_B.encode()) and not keys.verify(KEY_B[:9].encode())
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_key(tmp_path: Path) -> None:
+    """A file saved by Notepad starts with U+FEFF: it was refused as "characters a Bearer token cannot carry"."""
+    key_file = tmp_path / "keys"
+    write_keys(key_file, f"\ufeff{KEY_A}\r\n{KEY_B}\r\n")
+    keys = ApiKeys(file=key_file)
+    assert keys.count == 2 and keys.verify(KEY_A.encode())
+
+
 def test_keys_in_the_settings_comma_separated_json_or_flags(monkeypatch) -> None:
     monkeypatch.setenv("BERTSERVE_API_KEYS", f" {KEY_A} , {KEY_B}")
     assert Settings().api_keys == [KEY_A, KEY_B]

@@ -286,6 +286,16 @@ def test_explicit_without_an_admin_key_file_refuses_to_start(tmp_path: Path) -> 
         "--repository", str(tmp_path), "--model-control", "explicit", "--admin-api-key-file", str(missing)
     )
     assert done.returncode == 2 and done.stderr.strip() == f"error: admin_api_key_file {missing} does not exist"
+    # an admin key that is also an inference key: every client holding it could load and unload (it was accepted)
+    shared = tmp_path / "admin.keys"
+    shared.write_text(f"{ADMIN_KEY}\n")
+    shared.chmod(0o600)
+    done = run_service(
+        *("--repository", str(tmp_path), "--model-control", "explicit", "--admin-api-key-file", str(shared)),
+        env={"BERTSERVE_API_KEYS": f"{USER_KEY},{ADMIN_KEY}"},
+    )
+    assert done.returncode == 2 and "a key of admin_api_key_file is also an inference key" in done.stderr, done.stderr
+    assert ADMIN_KEY not in done.stderr
 
 
 def test_an_entry_whose_labels_are_not_its_models_is_refused(explicit) -> None:
