@@ -1,9 +1,11 @@
 """Locust users for the bertserve endpoints, and the load shape; `python -m loadtests` runs it headless.
 
-One user class per endpoint: ClassifyUser, NerUser, QaUser. Every answer goes through `catch_response`:
-2xx with a valid answer (shape, labels, offsets inside the text, answer == context[start:end]) succeeds; 429
-succeeds too but is counted as shed, under the request name `ENDPOINT [429 shed]`; anything else (another
-status, a malformed answer, no answer) fails the request with the reason.
+One user class per endpoint: ClassifyUser, NerUser, QaUser; and MixedUser, whose users take the endpoints of
+`--mix` in turn (what `python -m loadtests` runs for several endpoints: every stage sends the same mix). Every
+answer goes through `catch_response`: 2xx with a valid answer (shape, labels, offsets inside the text, answer ==
+context[start:end]) succeeds; 429 succeeds too but is counted as shed, under the request name `ENDPOINT [429
+shed]`; anything else (another status, a malformed answer, no answer, none by the end of the run) fails the request
+with the reason.
 
 Also usable directly, e.g.:
 
@@ -37,6 +39,7 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run as `locust -
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gevent
+from gevent import GreenletExit
 from locust import FastHttpUser, LoadTestShape, events, task
 from locust.env import Environment
 from locust.exception import StopUser
@@ -52,7 +55,7 @@ from loadtests.payloads import (
     qa_body,
     sample,
 )
-from loadtests.shapes import Schedule, Stage, pacing_wait, rate_schedule, step_schedule
+from loadtests.shapes import STOP_TIMEOUT_S, Schedule, Stage, pacing_wait, rate_schedule, step_schedule
 from loadtests.urls import API_KEY_ENV, auth_headers, check_target, fetch_models
 from loadtests.validation import ModelTarget, judge, pick_target
 
@@ -61,6 +64,8 @@ SHED_SUFFIX = " [429 shed]"
 REQUEST_FIELDS = ("start_epoch", "endpoint", "outcome", "status", "response_ms", "rows", "error")
 STAGE_FIELDS = ("index", "offered", "users", "rate", "start_epoch", "end_epoch")
 SPAWN_RATE = 100.0  # users per second: a step's users arrive at once
+MIXED = "mixed"  # MixedUser's endpoint: those of --mix in turn
+UNANSWERED = f"no answer {STOP_TIMEOUT_S:g} s after the load stopped"
 
 
 @dataclass
@@ -76,6 +81,7 @@ class RunState:
     seed: int = 0
     qa_top_k: int = 1
     headers: dict[str, str] = field(default_factory=dict)  # the API key's Authorization header, if any
+    mix: list[str] = field(default_factory=list)  # MixedUser's endpoints, in turn
     current: Stage | None = None
     stages: list[list[Any]] = field(default_factory=list)  # STAGE_FIELDS rows
     records: list[tuple[Any, ...]] = field(default_factory=list)  # REQUEST_FIELDS rows
@@ -143,6 +149,9 @@ def _add_options(parser: Any) -> None:
     group.add_argument("--max-requests", type=int, default=200_000, help="stop once this many were sent")
     group.add_argument("--report-dir", default="", help="where requests.csv and stages.csv go")
     group.add_argument("--seed", type=int, default=0)
+    group.add_argument(
+        "--mix", default="", help="MixedUser: the endpoints each user takes in turn (default: every one with a model)"
+    )
     group.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host")
     group.add_argument(
         "--api-key",
@@ -172,6 +181,11 @@ def configure(options: Any, host: str) -> None:
         target = pick_target(models, endpoint, getattr(options, f"{endpoint}_model") or None)
         if target is not None:
             STATE.targets[endpoint] = target
+    wanted = [name.strip() for name in str(getattr(options, "mix", "") or "").split(",") if name.strip()]
+    missing = [name for name in wanted if name not in STATE.targets]
+    if missing:
+        raise ValueError(f"--mix: no ready model for {', '.join(missing)} on the server")
+    STATE.mix = wanted or [endpoint for endpoint in ("classify", "ner", "qa") if endpoint in STATE.targets]
 
 
 @events.init.add_listener
@@ -193,7 +207,7 @@ def drop_users_without_model(environment: Environment, named: bool) -> None:
     keep = []
     for user_class in environment.user_classes:
         endpoint = getattr(user_class, "endpoint", None)
-        if endpoint is None or endpoint in STATE.targets:
+        if endpoint is None or endpoint == MIXED or endpoint in STATE.targets:
             keep.append(user_class)
             continue
         line = f"no ready {endpoint} model on the server: {user_class.__name__} users are not started"
@@ -273,31 +287,55 @@ class EndpointUser(FastHttpUser):
     def on_start(self) -> None:
         if self.endpoint not in STATE.targets or STATE.payloads is None or STATE.batch is None:
             raise StopUser()  # left out at init (drop_users_without_model) when run by Locust's command line
-        self.target = STATE.targets[self.endpoint]
 
-    def send(self, body: dict[str, Any], inputs: list[Any], top_k: int = 1) -> None:
-        path = f"/v1/models/{self.target.name}/{self.endpoint}"
-        context = {"endpoint": self.endpoint, "rows": len(inputs)}
-        with self.client.post(
-            path, json=body, headers=STATE.headers, name=self.endpoint, catch_response=True, context=context
-        ) as response:
-            try:
-                content = response.content
-            except Exception:  # the body could not be read: judged as no answer
-                content = None
-            status = (response.status_code or 0) if content is not None else 0
-            outcome, reason = judge(self.endpoint, status, content, self.target, inputs, top_k)
-            if outcome == "shed":
-                response.request_meta["name"] = self.endpoint + SHED_SUFFIX
-                response.success()
-            elif outcome == "ok":
-                response.success()
-            else:
-                response.failure(reason)
+    def request(self, endpoint: str) -> None:
+        """One request to `endpoint`'s model: its texts drawn from the payloads, its answer judged."""
+        assert STATE.payloads is not None and STATE.batch is not None
+        target = STATE.targets[endpoint]
+        size = STATE.batch.draw(self.rng)
+        top_k = 1
+        inputs: list[Any]
+        if endpoint == "classify":
+            inputs = sample(STATE.payloads.classify, size, self.rng)
+            body = classify_body(inputs)
+        elif endpoint == "ner":
+            inputs = sample(STATE.payloads.ner, size, self.rng)
+            body = ner_body(inputs)
+        else:
+            inputs = sample(STATE.payloads.qa, size, self.rng)
+            top_k = STATE.qa_top_k
+            body = qa_body(inputs, top_k, target.qa_doc_stride)
+        self.send(endpoint, target, body, inputs, top_k)
 
-    def batch_size(self) -> int:
-        assert STATE.batch is not None
-        return STATE.batch.draw(self.rng)
+    def send(self, endpoint: str, target: ModelTarget, body: dict[str, Any], inputs: list[Any], top_k: int) -> None:
+        path = f"/v1/models/{target.name}/{endpoint}"
+        context = {"endpoint": endpoint, "rows": len(inputs)}
+        started = time.time()
+        try:
+            with self.client.post(
+                path, json=body, headers=STATE.headers, name=endpoint, catch_response=True, context=context
+            ) as response:
+                try:
+                    content = response.content
+                except Exception:  # the body could not be read: judged as no answer
+                    content = None
+                status = (response.status_code or 0) if content is not None else 0
+                outcome, reason = judge(endpoint, status, content, target, inputs, top_k)
+                if outcome == "shed":
+                    response.request_meta["name"] = endpoint + SHED_SUFFIX
+                    response.success()
+                elif outcome == "ok":
+                    response.success()
+                else:
+                    response.failure(reason)
+        except GreenletExit:
+            # stopped by Locust with no answer after the stop's whole grace (--stop-timeout): a failure, not a
+            # request that never was (a server that answered nothing had read "0 requests, 0 failed", exit 0)
+            elapsed_s = time.time() - started
+            if elapsed_s >= STOP_TIMEOUT_S:
+                row = (round(started, 6), endpoint, "fail", 0, round(elapsed_s * 1000.0, 3), len(inputs), UNANSWERED)
+                STATE.records.append(row)
+            raise
 
 
 class ClassifyUser(EndpointUser):
@@ -305,9 +343,7 @@ class ClassifyUser(EndpointUser):
 
     @task
     def classify(self) -> None:
-        assert STATE.payloads is not None
-        texts = sample(STATE.payloads.classify, self.batch_size(), self.rng)
-        self.send(classify_body(texts), texts)
+        self.request("classify")
 
 
 class NerUser(EndpointUser):
@@ -315,9 +351,7 @@ class NerUser(EndpointUser):
 
     @task
     def ner(self) -> None:
-        assert STATE.payloads is not None
-        texts = sample(STATE.payloads.ner, self.batch_size(), self.rng)
-        self.send(ner_body(texts), texts)
+        self.request("ner")
 
 
 class QaUser(EndpointUser):
@@ -325,10 +359,28 @@ class QaUser(EndpointUser):
 
     @task
     def qa(self) -> None:
-        assert STATE.payloads is not None
-        pairs = sample(STATE.payloads.qa, self.batch_size(), self.rng)
-        body = qa_body(pairs, STATE.qa_top_k, self.target.qa_doc_stride)
-        self.send(body, pairs, STATE.qa_top_k)
+        self.request("qa")
+
+
+class MixedUser(EndpointUser):
+    """Takes the endpoints of --mix in turn, each user from its own place in the turn: every stage sends the same
+    mix, whatever its user count (one class per endpoint, Locust gives a stage of 1 user classify alone, of 2
+    classify and NER: the step shape's stages compared different mixes, and its knee was the mix's)."""
+
+    endpoint = MIXED
+
+    def on_start(self) -> None:
+        if not STATE.mix or STATE.payloads is None or STATE.batch is None:
+            raise StopUser()
+        self.turn = next(self._turns)
+
+    @task
+    def next_endpoint(self) -> None:
+        endpoint = STATE.mix[self.turn % len(STATE.mix)]
+        self.turn += 1
+        self.request(endpoint)
+
+    _turns: ClassVar[itertools.count] = itertools.count()
 
 
 class ConfiguredShape(LoadTestShape):

@@ -14,18 +14,21 @@ if it is still running 90 s after that. The URL must be a loopback address unles
 For a server started with API keys, pass one with --api-key or, better (the command line shows in `ps`), in
 BERTSERVE_LOADTEST_API_KEY: every request, the preflight `/v1/models` and the `/metrics` scrapes included, then
 carries `Authorization: Bearer KEY`.
-Exit status: 0 when every request was answered or shed, 1 when any failed (in a stage's settling seconds too),
-2 for bad options, an unreachable server, a refused key or a server that is not bertserve, 3 when Locust ended
-without a request log.
+Exit status: 0 when every request was answered or shed, 1 when any failed (in a stage's settling seconds too; a
+request still unanswered when the load stopped counts as failed), 2 for bad options, an unreachable server, a
+refused key or a server that is not bertserve, 3 when Locust ended without a request log; 130 (SIGINT, Ctrl-C) or
+143 (SIGTERM) after writing the report of what ran until then (`stop_reason` says so).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -45,7 +48,7 @@ from loadtests.report import (
     stats_rows,
     summarize,
 )
-from loadtests.shapes import Schedule, rate_schedule, step_schedule
+from loadtests.shapes import STOP_TIMEOUT_S, Schedule, rate_schedule, step_schedule
 from loadtests.urls import API_KEY_ENV, check_target, fetch_models, http_get
 from loadtests.validation import ModelTarget, pick_target
 
@@ -53,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
 USER_CLASSES = {"classify": "ClassifyUser", "ner": "NerUser", "qa": "QaUser"}
 KILL_GRACE_S = 90.0
+STOP_GRACE_S = 30.0  # after a SIGINT or SIGTERM of the run: Locust's own stop (--stop-timeout 10) and its writes
 MAX_SECONDS_LIMIT = 3600.0
 
 
@@ -115,8 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
 def schedule_from(args: argparse.Namespace) -> Schedule:
     if args.shape == "step":
         return step_schedule(args.step_users, args.step_seconds, args.max_users, args.max_seconds)
-    rates = [float(rate) for rate in args.rates.split(",") if rate.strip()]
-    return rate_schedule(rates, args.stage_seconds, args.rate_users or None, args.max_seconds)
+    return rate_schedule(parse_rates(args.rates), args.stage_seconds, args.rate_users or None, args.max_seconds)
+
+
+def parse_rates(text: str) -> list[float]:
+    """--rates' numbers; ValueError naming the option and the value that is not one."""
+    rates = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        try:
+            rates.append(float(part))
+        except ValueError:
+            raise ValueError(f"--rates: {part.strip()[:40]!r} is not a number (requests/s, comma-separated)") from None
+    return rates
 
 
 def choose_targets(models: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, ModelTarget]:
@@ -155,7 +171,7 @@ def locust_command(args: argparse.Namespace, url: str, targets: dict[str, ModelT
         "--logfile",
         str(report / "locust.log"),
         "--stop-timeout",
-        "10",
+        f"{STOP_TIMEOUT_S:g}",
         "--payloads",
         args.payloads,
         "--payload-limit",
@@ -189,10 +205,16 @@ def locust_command(args: argparse.Namespace, url: str, targets: dict[str, ModelT
         command.append("--allow-remote")
     for endpoint, target in targets.items():
         command += [f"--{endpoint}-model", target.name]
-    return command + [USER_CLASSES[endpoint] for endpoint in targets]
+    if len(targets) == 1:
+        return command + [USER_CLASSES[endpoint] for endpoint in targets]
+    # one class taking the endpoints in turn: a class per endpoint made a stage of 1 user classify alone, of 2
+    # classify and NER, so the step shape's stages compared different mixes
+    return [*command, "--mix", ",".join(targets), "MixedUser"]
 
 
-def run_locust(command: list[str], report: Path, timeout_s: float, api_key: str | None = None) -> int:
+def run_locust(
+    command: list[str], report: Path, timeout_s: float, api_key: str | None = None
+) -> tuple[int, str | None]:
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -202,13 +224,42 @@ def run_locust(command: list[str], report: Path, timeout_s: float, api_key: str 
     if api_key:  # by the environment, not the command line (ps, locust_command.txt)
         env[API_KEY_ENV] = api_key
     with (report / "locust.out").open("w") as output:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
-        try:
-            return process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-            return -9
+        # a session of its own: a terminal's Ctrl-C reaches this process alone, which stops Locust as SIGTERM does
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return wait_for_locust(process, timeout_s)
+
+
+def wait_for_locust(process: subprocess.Popen, timeout_s: float) -> tuple[int, str | None]:
+    """Locust's exit status, and the signal (SIGINT, SIGTERM) that interrupted the run, if any: Locust is then told
+    to stop (SIGINT: it writes its request log and CSVs as at a normal end) and killed if still running
+    STOP_GRACE_S later. The runner had died at once (a KeyboardInterrupt traceback; on SIGTERM Locust went on
+    loading the server, orphaned) and no report was written."""
+    interrupted: list[str] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        if not interrupted:
+            interrupted.append(signal.Signals(signum).name)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGINT)  # Locust died of a SIGTERM outright, writing nothing
+
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            if interrupted:
+                deadline = min(deadline, time.monotonic() + STOP_GRACE_S)
+            try:
+                return process.wait(max(0.0, min(0.5, deadline - time.monotonic()))), (interrupted or [None])[0]
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    process.kill()
+                    process.wait(10)
+                    return -9, (interrupted or [None])[0]
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def scrape(url: str, path: Path, api_key: str | None = None) -> None:
@@ -323,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     scrape(url, report / "metrics_before.prom", args.api_key)
     started = time.monotonic()
-    locust_rc = run_locust(command, report, schedule.duration_s + KILL_GRACE_S, args.api_key)
+    locust_rc, interrupted = run_locust(command, report, schedule.duration_s + KILL_GRACE_S, args.api_key)
     seconds = time.monotonic() - started
     scrape(url, report / "metrics_after.prom", args.api_key)
     if not (report / "requests.csv").is_file() or not (report / "stages.csv").is_file():
@@ -343,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": args.batch,
         "settle_seconds": args.settle_seconds,
         "seconds": round(seconds, 1),
-        "stop_reason": locust_run["stop_reason"],
+        "stop_reason": f"interrupted ({interrupted})" if interrupted else locust_run["stop_reason"],
         "locust_exit_code": locust_rc,
     }
     summary = write_report(report, run, args.settle_seconds, args.metric)
@@ -351,4 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report)
     else:
         print((report / "summary.md").read_text())
+    if interrupted:  # the report of what ran, then the shell's status for the signal (130, 143)
+        print(f"interrupted ({interrupted}): the report holds what ran until then", file=sys.stderr)
+        return 128 + signal.Signals[interrupted].value
     return 1 if summary["totals"]["failed"] else 0

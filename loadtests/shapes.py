@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 ShapeKind = Literal["step", "rate"]
+# Locust's --stop-timeout: how long the users' requests in flight at the end of the load may take to finish; one
+# still unanswered then is a failure (one cut short sooner, by --max-requests, is left out, as Locust leaves it)
+STOP_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,8 @@ def _clip(stages: list[Stage], max_seconds: float) -> tuple[Stage, ...]:
 
 
 def step_schedule(step_users: int, step_seconds: float, max_users: int, max_seconds: float) -> Schedule:
-    if step_users < 1 or max_users < step_users or step_seconds <= 0:
-        raise ValueError("step load: need 1 <= step_users <= max_users and step_seconds > 0")
+    if step_users < 1 or max_users < step_users or not 0 < step_seconds < math.inf:  # NaN too: no stage at all
+        raise ValueError("step load: need 1 <= step_users <= max_users and a finite step_seconds > 0")
     count = math.ceil(max_users / step_users)
     stages = [
         Stage(i, i * step_seconds, (i + 1) * step_seconds, min(step_users * (i + 1), max_users)) for i in range(count)
@@ -77,8 +80,8 @@ def default_rate_users(rates: list[float]) -> int:
 
 
 def rate_schedule(rates: list[float], stage_seconds: float, users: int | None, max_seconds: float) -> Schedule:
-    if not rates or any(rate <= 0 for rate in rates) or stage_seconds <= 0:
-        raise ValueError("rate load: need positive rates and stage_seconds > 0")
+    if not rates or not all(0 < rate < math.inf for rate in rates) or not 0 < stage_seconds < math.inf:
+        raise ValueError("rate load: need finite positive rates and a finite stage_seconds > 0")  # NaN, inf too
     users = users or default_rate_users(rates)
     if users < 1:
         raise ValueError("rate load: need at least one user")

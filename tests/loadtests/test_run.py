@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import struct
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -89,9 +91,9 @@ def test_short_load_against_the_real_server(loadtest_server: Server, tmp_path: P
         "--shape",
         "step",
         "--step-users",
-        "3",
+        "1",
         "--max-users",
-        "6",
+        "2",
         "--step-seconds",
         "2.5",
         "--max-seconds",
@@ -127,6 +129,12 @@ def test_short_load_against_the_real_server(loadtest_server: Server, tmp_path: P
     with (report / "requests.csv").open(newline="") as stream:
         rows = list(csv.DictReader(stream))
     assert {row["outcome"] for row in rows} == {"ok"} and {int(row["rows"]) for row in rows} <= {1, 2, 3, 4}
+    # every stage sends every endpoint, its single user's too (a class per endpoint gave 1 user classify alone)
+    with (report / "stages.csv").open(newline="") as stream:
+        stages = [(float(row["start_epoch"]), float(row["end_epoch"])) for row in csv.DictReader(stream)]
+    for start, end in stages:
+        sent = Counter(row["endpoint"] for row in rows if start <= float(row["start_epoch"]) < end)
+        assert set(sent) == {"classify", "ner", "qa"} and max(sent.values()) - min(sent.values()) <= 2, sent
     aggregated = next(row for row in locust_rows(report, "locust_stats.csv") if row["Name"] == "Aggregated")
     assert int(aggregated["Request Count"]) == len(rows)  # Locust's final figures and the request log agree
     text = (report / "summary.md").read_text()
@@ -347,6 +355,81 @@ def test_report_folder_mistakes(stub_url: str, tmp_path: Path) -> None:
         assert_one_line_error(result, f"--report {path}: cannot create the folder")
     assert StubHandler.count == posts  # only the preflight's GET: no load started
     assert not list(tmp_path.glob("**/requests.csv"))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--shape", "rate", "--rates", "inf"], "finite positive rates"),  # an OverflowError traceback
+        (["--shape", "rate", "--rates", "5,nan"], "finite positive rates"),  # ran unpaced, "offered nan", exit 0
+        (["--step-seconds", "nan"], "a finite step_seconds > 0"),  # no stage, no request, exit 0
+        (["--shape", "rate", "--rates", "abc"], "--rates: 'abc' is not a number"),  # float()'s words alone
+    ],
+)
+def test_rates_and_durations_that_are_not_finite_numbers_are_refused(
+    options: list[str], message: str, tmp_path: Path
+) -> None:
+    result = run_loadtest("--url", "http://127.0.0.1:9", *options, "--report", str(tmp_path / "r"), timeout=30)
+    assert_one_line_error(result, message)
+    assert not (tmp_path / "r").exists()
+
+
+class SilentHandler(StubHandler):
+    """A classify endpoint that reads each request and never answers it."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        threading.Event().wait(60)
+
+
+def test_requests_unanswered_when_the_load_stops_are_failures(
+    serve: Callable[[type[BaseHTTPRequestHandler]], str], tmp_path: Path
+) -> None:
+    """A server that answers nothing: the request in flight was dropped at Locust's stop, and the report read "0
+    requests, 0 failed", exit status 0."""
+    report = tmp_path / "report"
+    args = ("--step-users", "1", "--max-users", "1", "--step-seconds", "2", "--max-seconds", "2", "--batch", "1")
+    result = run_loadtest("--url", serve(SilentHandler), *args, "--report", str(report), timeout=90)
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["totals"]["requests"] == summary["totals"]["failed"] == 1, summary["totals"]
+    with (report / "requests.csv").open(newline="") as stream:
+        (row,) = list(csv.DictReader(stream))
+    assert row["outcome"] == "fail" and row["error"] == "no answer 10 s after the load stopped"
+    assert float(row["response_ms"]) > 10_000
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_stops_locust_and_reports_what_ran(
+    stop: signal.Signals, stub_url: str, tmp_path: Path
+) -> None:
+    """Ctrl-C gave a KeyboardInterrupt traceback and no report; SIGTERM killed the runner alone, and Locust, orphaned,
+    went on loading the server to the end of its schedule."""
+    report = tmp_path / "report"
+    args = ("--step-users", "1", "--max-users", "1", "--step-seconds", "60", "--max-seconds", "60", "--batch", "1")
+    started = time.monotonic()
+    with subprocess.Popen(
+        [sys.executable, "-m", "loadtests", "--url", stub_url, *args, "--report", str(report)],
+        cwd=ROOT,
+        env=offline_env(None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as runner:
+        posts = StubHandler.count
+        while StubHandler.count < posts + 20 and time.monotonic() - started < 40:  # the load is on
+            time.sleep(0.1)
+        runner.send_signal(stop)
+        out, err = runner.communicate(timeout=60)
+    assert runner.returncode == 128 + stop.value, out + err
+    assert time.monotonic() - started < 45 and "Traceback" not in err, err
+    assert f"interrupted ({stop.name}): the report holds what ran until then" in err
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["run"]["stop_reason"] == f"interrupted ({stop.name})" and summary["totals"]["requests"] >= 20
+    assert (report / "summary.md").is_file()
+    left = StubHandler.count
+    time.sleep(1.5)
+    assert StubHandler.count == left  # no Locust left sending
 
 
 @pytest.mark.parametrize(
