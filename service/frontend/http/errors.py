@@ -123,18 +123,31 @@ def _noting_type(handler: Handler) -> Handler:
     """The handler, with the error's type noted in the request's scope first (for its span: `traces`)."""
 
     async def noted(request: Request, exc: Exception) -> JSONResponse:
-        request.scope[SCOPE_ERROR_TYPE] = type(exc).__name__
-        return await handler(request, exc)
+        response = await handler(request, exc)
+        request.scope[SCOPE_ERROR_TYPE] = error_type_name(exc, response.status_code)
+        return response
 
     return noted
+
+
+def error_type_name(exc: Exception, status: int) -> str:
+    """A span's `error.type`: the domain error's class; for the framework's own errors the domain's name for what
+    they answered (a body that fails validation: InvalidInput, as the gateway's routes say), else the status (an
+    unknown path's 404: "HTTPException" had named the framework, not the error)."""
+    if isinstance(exc, ServiceError):
+        return type(exc).__name__
+    if isinstance(exc, RequestValidationError):
+        return "InvalidInput" if status == 422 else "BadRequest"
+    return str(status)
 
 
 async def error_response_for(request: Request, exc: Exception) -> JSONResponse:
     """The response the handler of `exc` gives, for code that calls an endpoint outside FastAPI's handlers (the
     gateway): the first of HANDLERS whose type `exc` is, as FastAPI picks the most specific."""
-    request.scope[SCOPE_ERROR_TYPE] = type(exc).__name__
     handler = next(handler for kind, handler in HANDLERS if isinstance(exc, kind))
-    return await handler(request, exc)
+    response = await handler(request, exc)
+    request.scope[SCOPE_ERROR_TYPE] = error_type_name(exc, response.status_code)
+    return response
 
 
 async def service_error(_: Request, exc: Exception) -> JSONResponse:

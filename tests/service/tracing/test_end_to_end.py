@@ -169,13 +169,22 @@ def test_errors_are_visible_as_such(traced_server, receiver: OtlpReceiver) -> No
         missing = client.post(
             "/v1/models/no-such-model/classify", json={"inputs": ["x"]}, headers={"traceparent": parent}
         )
-    assert answer.status_code == 422 and missing.status_code == 404
-    spans = receiver.wait_for(lambda s: sum(x.trace_id == trace_id and x.kind == "SERVER" for x in s) == 2)
+        nowhere = client.get("/no/such/route", headers={"traceparent": parent})
+        hf_invalid = client.post(f"/v1/models/{CLASSIFIER}", json={"inputs": 5}, headers={"traceparent": parent})
+    assert answer.status_code == 422 and missing.status_code == 404 and nowhere.status_code == 404
+    assert hf_invalid.status_code == 422, hf_invalid.text
+    spans = receiver.wait_for(lambda s: sum(x.trace_id == trace_id and x.kind == "SERVER" for x in s) == 4)
     statuses = {
-        s.attributes["http.response.status_code"]: s for s in spans if s.trace_id == trace_id and s.kind == "SERVER"
+        (s.attributes["http.response.status_code"], s.attributes["url.path"]): s
+        for s in spans
+        if s.trace_id == trace_id and s.kind == "SERVER"
     }
-    assert statuses[404].attributes["error.type"] == "ModelNotFound"
-    assert statuses[422].attributes["error.type"]  # the validation error's type
+    assert statuses[404, "/v1/models/no-such-model/classify"].attributes["error.type"] == "ModelNotFound"
+    # the domain's names, whichever layer answered: the framework's class names ("HTTPException",
+    # "RequestValidationError") had been there for an unknown path and a body its schema refused
+    assert statuses[404, "/no/such/route"].attributes["error.type"] == "404"
+    assert statuses[422, f"/v1/models/{CLASSIFIER}/classify"].attributes["error.type"] == "InvalidInput"
+    assert statuses[422, f"/v1/models/{CLASSIFIER}"].attributes["error.type"] == "InvalidInput"
     assert all(s.status_code == "UNSET" for s in statuses.values())  # a 4xx is the client's, not the server's
 
 
