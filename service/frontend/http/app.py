@@ -152,6 +152,9 @@ def create_app(
         docs_url=None,  # FastAPI's own pages load their scripts from a CDN: service.frontend.http.docs serves them here
         redoc_url=None,
         openapi_url="/openapi.json" if settings.docs == "on" else None,
+        # a path with a trailing slash is a 404 in the error body: Starlette answered a bare 307 whose Location it
+        # built from the client's Host header (a redirect anywhere a client or cache would follow)
+        redirect_slashes=False,
     )
     app.state.server = server
     app.state.api_keys = keys

@@ -273,6 +273,15 @@ def test_within_the_limits_is_served(hardened) -> None:
         assert client.get("/livez", headers={f"x-h{i}": "v" * 90 for i in range(120)}).status_code == 200
 
 
+def test_a_trailing_slash_is_a_404_not_a_redirect_to_the_clients_host(hardened) -> None:
+    """Starlette answered a bare 307 whose Location it built from the Host header: any host a client sent."""
+    with httpx.Client(base_url=hardened.url, headers={"Host": "evil.example:1234"}) as client:
+        for method, path in (("POST", "/v1/models/bert-classification/classify/"), ("GET", "/v1/models/")):
+            answer = client.request(method, path, json={"inputs": ["x"]} if method == "POST" else None)
+            assert answer.status_code == 404 and "location" not in answer.headers, (path, answer.headers)
+            assert answer.json()["error_type"] == "not_found", answer.text
+
+
 def test_upgrade_requests_are_answered_as_plain_http(hardened) -> None:
     """No websocket or h2c here: an Upgrade request gets its plain HTTP/1.1 answer, and no warning."""
     for upgrade in (b"h2c", b"websocket"):
