@@ -225,9 +225,12 @@ async def infer(request: Request) -> Response:
 
 async def _split_body(request: Request) -> tuple[Any, bytes | None]:
     """The JSON part and, with Triton's binary extension (its header), the bytes after it."""
-    declared = request.headers.get(HEADER_LENGTH)
-    if declared is None:
+    given = request.headers.getlist(HEADER_LENGTH)
+    if not given:
         return await json_body(request), None
+    if len(given) > 1:  # which one splits the body is not for us to guess (the first had been taken)
+        raise BadRequest(f"{len(given)} {HEADER_LENGTH} headers: send one")
+    declared = given[0]
     raw = await request.body()
     # "²" is a digit to isdigit; past 19 digits no body is that long (and int() refuses 4,300 with a ValueError)
     if not (declared.isascii() and declared.isdigit()) or len(declared) > 19 or int(declared) > len(raw):

@@ -284,6 +284,20 @@ def test_a_header_length_of_other_digits_than_ascii_or_too_many_is_a_400(oip_ser
     assert "is not a length within the body" in response.json()["error"]
 
 
+def test_two_header_lengths_are_refused_not_one_picked(oip_server) -> None:
+    """Two Inference-Header-Content-Length headers: the first split the body, the other was ignored."""
+    head = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}).encode()
+    headers = [
+        ("content-type", "application/octet-stream"),
+        ("inference-header-content-length", str(len(head))),
+        ("inference-header-content-length", "3"),
+    ]
+    with oip_server.http.client() as client:
+        response = client.post("/v2/models/bert-classification/infer", content=head, headers=headers)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "2 inference-header-content-length headers: send one"
+
+
 def test_a_binary_requests_json_part_that_is_not_json_says_why(oip_server) -> None:
     """It said only "the first N bytes are not JSON", where a plain body's 400 says what and where."""
     head = b"[" * 100_000
