@@ -56,35 +56,40 @@ def discover(settings: Settings) -> list[Path]:
     explicit, the --model entries (maybe none); under poll, an empty repository is fine (entries come later)."""
     repository = settings.repository
     if not repository.is_dir():
-        raise StartupError(f"model repository {repository} does not exist (build one: python -m export ...)")
+        what = "is not a folder" if repository.exists() else "does not exist"
+        raise StartupError(f"model repository {repository} {what} (build one: python -m export ...)")
     found = scan(settings)
     wanted = settings.model if settings.model_control == "explicit" else settings.models
     if wanted:
+        flag = "--model" if settings.model_control == "explicit" else "--models"
         for name in wanted:
             if problem := name_problem(name):
-                raise StartupError(f"--model {problem}")
+                raise StartupError(f"{flag} {problem}")
         missing = sorted(set(wanted) - set(found))
         if missing:
-            flag = "--model" if settings.model_control == "explicit" else "--models"
             raise StartupError(f"{flag} names entries that are not in {repository}: {', '.join(missing)}")
     entries = [found[name] for name in found if settings.model_control != "explicit" or name in (wanted or ())]
     if not entries and settings.model_control == "none":
         raise StartupError(f"model repository {repository} has no entries (build one: python -m export ...)")
     for entry in entries:
-        _check_budget(entry, settings)
+        if problem := budget_problem(entry, settings):
+            raise StartupError(problem)
     return entries
 
 
-def _check_budget(entry: Path, settings: Settings) -> None:
+def budget_problem(entry: Path, settings: Settings) -> str | None:
+    """Why --max-batch-tokens cannot serve the entry, if it cannot: at start, and at each later load (a model
+    loaded through the API or found by the poll had been served past the budget)."""
     try:
         max_length = int(json.loads((entry / MODEL_CONFIG).read_text(encoding="utf-8"))["max_length"])
     except (OSError, ValueError, KeyError, TypeError):
-        return  # an unreadable entry fails (and is reported) when it loads
+        return None  # an unreadable entry fails (and is reported) when it loads
     if max_length > settings.max_batch_tokens:
-        raise StartupError(
+        return (
             f"max_batch_tokens ({settings.max_batch_tokens}) is below model {entry.name}'s max_length "
             f"({max_length}): a full-length input could never be batched"
         )
+    return None
 
 
 class _VersionCache:

@@ -23,7 +23,15 @@ from service.engine.batcher import Batcher
 from service.engine.runtime import ModelRuntime
 from service.errors import BadRequest, LoadFailed, ModelFailed, ModelNotFound, NotReady
 from service.metrics import Metrics, forget
-from service.repository import entry_version, file_signature, load_entries, name_problem, read_config, scan
+from service.repository import (
+    budget_problem,
+    entry_version,
+    file_signature,
+    load_entries,
+    name_problem,
+    read_config,
+    scan,
+)
 from service.settings import Settings
 from service.system.memory import malloc_trim
 from service.wire.model_status import ModelStatus
@@ -297,6 +305,8 @@ class EngineCore:
                 version = await asyncio.to_thread(entry_version, entry)
             except (OSError, ValueError) as exc:
                 raise self._load_failed(name, None, one_line(exc, hide=self.settings.repository)) from None
+            if problem := await asyncio.to_thread(budget_problem, entry, self.settings):
+                raise self._load_failed(name, version, problem)
             current = model.current if model is not None and model.status == ModelStatus.READY else None
             if model is not None and current is not None and current.version == version:
                 self._settle(model)  # the entry is the version serving again: a failed load before is over

@@ -117,6 +117,12 @@ def test_missing_repository_is_refused_with_the_reason(tmp_path: Path) -> None:
         done.stderr.strip()
         == f"error: model repository {tmp_path / 'nowhere'} does not exist (build one: python -m export ...)"
     )
+    (tmp_path / "a-file").write_text("")  # it said "does not exist" of a file
+    done = run_service("--repository", str(tmp_path / "a-file"))
+    assert done.returncode == 2 and f"model repository {tmp_path / 'a-file'} is not a folder" in done.stderr
+    (tmp_path / "repository").mkdir()
+    done = run_service("--repository", str(tmp_path / "repository"), "--models", "")  # it named --model
+    assert done.returncode == 2 and done.stderr.startswith("error: --models "), done.stderr
 
 
 def test_the_launcher_hands_on_only_the_settings_given(monkeypatch) -> None:

@@ -298,6 +298,37 @@ def test_explicit_without_an_admin_key_file_refuses_to_start(tmp_path: Path) -> 
     assert ADMIN_KEY not in done.stderr
 
 
+def test_a_load_past_the_batch_token_budget_is_refused_as_the_start_is(
+    tiny_repository: Path, tmp_path: Path, server_factory
+) -> None:
+    """--max-batch-tokens below an entry's max_length refuses the start naming it (--model), yet the same entry
+    loaded through the API was served: its full-length inputs past the budget."""
+    publish(tmp_path / "repository", "a", tiny_repository / "bert-classification")
+    config_file = tmp_path / "repository" / "a" / "model.json"  # said longer than the budget (never opened)
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "max_length": 128}))
+    (tmp_path / "admin.keys").write_text(ADMIN_KEY + "\n")
+    (tmp_path / "admin.keys").chmod(0o600)
+    budget = ("--max-batch-tokens", "96", "--max-batch-size", "8", "--admin-api-key-file", str(tmp_path / "admin.keys"))
+    refused = run_service(
+        "--repository", str(tmp_path / "repository"), "--model-control", "explicit", "--model", "a", *budget
+    )
+    assert refused.returncode == 2 and "is below model a's max_length (128)" in refused.stderr, refused.stderr
+    server = server_factory(tmp_path / "repository", "--model-control", "explicit", *budget, wait_ready=False)
+
+    def alive() -> bool:
+        try:
+            return httpx.get(server.url + "/livez").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    assert wait_for(alive, timeout=60)
+    loaded = admin(server, "/v2/repository/models/a/load")
+    assert loaded.status_code == 422, loaded.text
+    assert loaded.json()["error_type"] == "load_failed"
+    assert "max_batch_tokens (96) is below model a's max_length (128)" in loaded.json()["error"]
+    assert httpx.post(server.url + CLASSIFY[0], json=CLASSIFY[1]).status_code == 404
+
+
 def test_an_entry_whose_labels_are_not_its_models_is_refused(explicit) -> None:
     """A model.json listing 3 labels for a 2-logit head loaded, passed its self-test and answered every sentence a
     label of the wrong class; fewer labels than logits failed each request with an IndexError. (This head: 3.)"""
