@@ -19,7 +19,7 @@ from service.frontend.http.repository_api import AdminKeys
 from service.frontend.http.server import serve
 from service.repository import discover
 from service.settings import settings_from_cli, unknown_variables
-from service.supervisor.launcher import Launcher, listen_problem, resolve_engine_mode
+from service.supervisor.launcher import Launcher, listen_problem, resolve_engine_mode, uses_gpu
 from service.system.exit import exit_now
 
 log = logging.getLogger("service")
@@ -48,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     settings.configure_logging()
     for warning in warnings:
         log.warning(warning)
+    if settings.devices and not uses_gpu(settings):  # started as asked (the tests run two CPU engines so), said
+        log.warning(
+            "devices %s lists CUDA devices and none can be used here (no NVIDIA device, no onnxruntime-gpu, or "
+            "--device cpu): %d engine(s) on the CPU, each holding every model",
+            settings.devices,
+            len(settings.devices),
+        )
     if keys.enabled:
         log.info(
             "API keys: %d in force; open without a key: %s", keys.count, ", ".join(sorted(open_paths(settings)[0]))

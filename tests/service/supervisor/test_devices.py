@@ -19,7 +19,7 @@ from bertcore.model_config import ModelConfig
 from service.engine import runtime
 from service.engine.runtime import CPU, CUDA, ModelRuntime
 from service.settings import Settings, settings_from_cli
-from service.supervisor.launcher import engine_devices, frontend_engines, resolve_engine_mode
+from service.supervisor.launcher import engine_devices, frontend_engines, resolve_engine_mode, uses_gpu
 from tests.service.conftest import wait_for
 from tests.service.supervisor.test_process_mode import NO_RESTARTS, SENTENCES, restarts
 
@@ -105,6 +105,8 @@ def test_two_engines_serve_and_one_is_restarted_alone(tiny_repository: Path, ser
         *("--threads", "1", "--request-timeout-s", "5"),  # requests left in the stopped engine end by then
     )
     assert "process mode: 2 engines (devices 0, 1), 2 front-ends" in server.log()
+    if not uses_gpu(Settings()):  # it said nothing of it
+        assert "devices [0, 1] lists CUDA devices and none can be used here" in server.log()
     pids = engine_pids(server.log())
     assert set(pids) == {"0", "1"} and all(len(p) == 1 for p in pids.values())
     (first, second) = pids["0"][0], pids["1"][0]
