@@ -73,6 +73,8 @@ class ModelConfig:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> ModelConfig:
+        if not isinstance(data, Mapping):  # `[]`: "'list' object has no attribute 'get'" was the load's reason
+            raise ValueError(f"{MODEL_CONFIG} is not a JSON object")
         if data.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{MODEL_CONFIG} format_version {data.get('format_version')!r} is not {FORMAT_VERSION}")
         task = data.get("task")

@@ -71,3 +71,10 @@ def test_what_the_server_relies_on_is_checked_by_name(written: dict, change, mes
     with pytest.raises(ValueError, match=message):  # the export refuses to write it in the first place
         write_config(tmp_path, broken)
     assert not (tmp_path / "model.json").exists()
+
+
+@pytest.mark.parametrize("data", [[], "model", 3, None])
+def test_a_model_json_that_is_not_an_object_says_so(data: object) -> None:
+    """`[]` failed the load with "AttributeError: 'list' object has no attribute 'get'"."""
+    with pytest.raises(ValueError, match=r"model\.json is not a JSON object"):
+        ModelConfig.parse(data)  # type: ignore[arg-type]
