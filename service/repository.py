@@ -42,10 +42,22 @@ def name_problem(name: str) -> str | None:
     )
 
 
+_MISNAMED: set[str] = set()  # folders whose name is no model's, said once each
+
+
 def scan(settings: Settings) -> dict[str, Path]:
     """The repository's entries by name (folders not starting with '.'; only --models where it is set); OSError
     where the repository cannot be listed."""
     entries = {p.name: p for p in settings.repository.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    for name in [name for name in entries if name_problem(name)]:
+        # left out under every model control, said once: `none` served "Upper" and "bad name", poll never loaded
+        # them without a word, explicit listed them and refused to load them
+        del entries[name]
+        if name not in _MISNAMED:
+            _MISNAMED.add(name)
+            logging.getLogger("service.repository").warning(
+                "folder %s of the repository not served: %s", name, name_problem(name)
+            )
     if settings.models:
         entries = {name: path for name, path in entries.items() if name in settings.models}
     return dict(sorted(entries.items()))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from service.repository import entry_version, name_problem
+from service.repository import entry_version, name_problem, scan
+from service.settings import Settings
 from tests.service.lifecycle import publish
 
 
@@ -24,6 +25,19 @@ def test_names_that_could_leave_the_repository_are_refused(name: str) -> None:
     problem = name_problem(name)
     assert problem is not None and "not a model name" in problem
     assert "\x00" not in problem  # a NUL is shown escaped
+
+
+def test_folders_not_named_as_models_are_left_out_and_said_once(tmp_path: Path, caplog) -> None:
+    """`none` served "Upper" and "bad name", poll never loaded them without a word, explicit listed them and refused
+    to load them: every control mode now leaves them out, with one warning each."""
+    for name in ("good", "Upper", "bad name"):
+        (tmp_path / name).mkdir()
+    settings = Settings(repository=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="service.repository"):
+        assert list(scan(settings)) == ["good"]
+        assert list(scan(settings)) == ["good"]  # the poll's next scan: no second warning
+    warned = [r.getMessage() for r in caplog.records if "of the repository not served" in r.getMessage()]
+    assert len(warned) == 2 and any("folder Upper " in line for line in warned), warned
 
 
 def test_a_version_follows_the_content_and_names_the_export_time(tiny_repository: Path, tmp_path: Path) -> None:
