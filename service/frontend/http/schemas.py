@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from bertcore.tasks.classification import TextInput, text_input
 from bertcore.tasks.qa import MAX_ANSWER_LEN, MAX_TOP_K, MIN_SEQ_LEN
@@ -373,6 +373,14 @@ class RerankDocument(BaseModel):
     model_config = ConfigDict(extra="allow")
     text: str
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        """Jina's multimodal documents ({"image": URL}) named: the 422 said only that `text` was missing."""
+        if isinstance(value, dict) and "text" not in value and "image" in value:
+            raise ValueError("an image document: multimodal reranking is not served, each document is a text")
+        return value
+
 
 class RerankRequest(Strict):
     model: str | None = Field(
@@ -383,7 +391,9 @@ class RerankRequest(Strict):
         description="texts, or objects whose text is ranked (returned as given)"
     )
     top_n: StrictInt | None = Field(None, ge=1, description="best documents to return; null: every document")
-    return_documents: StrictBool = Field(False, description="each result also carries its document")
+    return_documents: StrictBool | None = Field(
+        False, description="each result also carries its document; null: false (as top_n's null is its default)"
+    )
 
 
 class RerankV2Request(Strict):

@@ -126,6 +126,14 @@ BAD_REQUESTS = [
         "documents.1",
     ),
     ("/v1/rerank", {"model": RERANK_MODEL, "query": "", "documents": ["d"]}, 422, "validation", "query"),
+    # Jina's multimodal document: it said only "documents.0.text: Field required"
+    (
+        "/v1/rerank",
+        {"model": RERANK_MODEL, "query": "q", "documents": [{"image": "u"}]},
+        422,
+        "validation",
+        "documents.0",
+    ),
 ]
 
 
@@ -141,6 +149,17 @@ def test_bad_requests_get_the_native_error_body(
     assert response.json()["error_type"] == error_type and response.json()["field"] == field, response.json()
     if error_type == "wrong_task":
         assert "cross-encoder" in response.json()["error"]
+    if body["documents"] == [{"image": "u"}]:
+        assert "multimodal reranking is not served" in response.json()["error"], response.json()
+
+
+def test_a_null_return_documents_is_its_default(tiny_server: Server) -> None:
+    """null was a 422 ("Input should be a valid boolean") where top_n's null is its default."""
+    body = {"model": RERANK_MODEL, "query": "q", "documents": ["a", "b"], "return_documents": None}
+    with tiny_server.client() as client:
+        response = client.post("/v1/rerank", json=body)
+    assert response.status_code == 200, response.text
+    assert all("document" not in result for result in response.json()["results"])
 
 
 @pytest.fixture(scope="module")
