@@ -11,7 +11,9 @@ Summary:
   `metric="sequences"`); the knee is the first stage within 5% of it, and the load is saturated when
   stages with more offered load follow the knee;
 - p99 at the stages (up to the knee) whose throughput is nearest 50% and 90% of saturation;
-- beyond saturation: over the stages after the knee, the share of requests shed (429) and failed.
+- beyond saturation: over the stages after the knee, the share of requests shed (429) and failed;
+- warnings: rate stages that did not send their offered rate, and stages shedding or failing over 5% of their
+  requests, saturated by throughput or not.
 """
 
 from __future__ import annotations
@@ -190,6 +192,29 @@ def _totals(requests: int, ok: int, shed: int, failed: int) -> dict[str, Any]:
     }
 
 
+PACE_FRACTION = 0.9  # a rate stage that sent less than this share of its offered rate did not offer it
+REFUSED_FRACTION = 0.05  # a stage shedding or failing more than this share was past what the server takes
+
+
+def warnings(stats: Sequence[StageStats]) -> list[str]:
+    """What the throughput verdict alone would hide: rate stages that never sent their offered rate (the users
+    could not keep the pace), and stages that shed or failed much of their load, saturated by throughput or not
+    (a server shedding 99% read "not saturated": its answered throughput was still at its best)."""
+    said = []
+    for s in stats:
+        if s.rate is not None and s.seconds > 0 and s.sent_rps < PACE_FRACTION * s.rate:
+            said.append(
+                f"stage {s.index} sent {s.sent_rps:.1f} requests/s of the {s.rate:g} offered: its users could not "
+                "keep the pace (answers slower than users / rate; raise --rate-users)"
+            )
+        if s.requests and (s.shed_rate > REFUSED_FRACTION or s.fail_rate > REFUSED_FRACTION):
+            said.append(
+                f"stage {s.index} (offered {s.offered:g}): {100 * s.shed_rate:.1f}% shed (429) and "
+                f"{100 * s.fail_rate:.1f}% failed: past what the server takes, whatever its throughput says"
+            )
+    return said
+
+
 def summarize(
     stats: Sequence[StageStats], metric: Metric = "requests", records: Sequence[RequestRecord] | None = None
 ) -> dict[str, Any]:
@@ -221,6 +246,7 @@ def summarize(
         "at_90": None,
         "beyond": None,
     }
+    summary["warnings"] = warnings(stats)
     answered = [s for s in stats if s.ok > 0]
     if not answered:
         return summary
@@ -383,6 +409,10 @@ def markdown(summary: dict[str, Any], stats: Sequence[StageStats], run: dict[str
             )
         else:
             lines.append("- beyond saturation: no stage past the knee, no shed rate to report")
+    for warning in summary.get("warnings", ()):
+        lines.append(f"- **warning**: {warning}")
+    if failed := run.get("server_scrape_failed"):
+        lines.append(f"- **warning**: the server's /metrics could not be read after the run ({failed}): no figures")
     totals = summary["totals"]
     lines.append(
         f"- totals: {totals['requests']} requests, {totals['ok']} ok, {totals['shed']} shed, {totals['failed']} failed"

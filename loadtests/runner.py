@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
 USER_CLASSES = {"classify": "ClassifyUser", "ner": "NerUser", "qa": "QaUser"}
 KILL_GRACE_S = 90.0
+SCRAPE_FAILED = "# scrape failed: "
 STOP_GRACE_S = 30.0  # after a SIGINT or SIGTERM of the run: Locust's own stop (--stop-timeout 10) and its writes
 MAX_SECONDS_LIMIT = 3600.0
 
@@ -266,7 +267,7 @@ def scrape(url: str, path: Path, api_key: str | None = None) -> None:
     try:
         text = http_get(url + "/metrics", api_key=api_key).decode("utf-8", "replace")
     except (urllib.error.URLError, OSError) as error:
-        text = f"# scrape failed: {error}\n"
+        text = f"{SCRAPE_FAILED}{error}\n"
     path.write_text(text)
 
 
@@ -283,6 +284,9 @@ def write_report(report: Path, run: dict[str, Any], settle_s: float, metric: str
         parse_prometheus((report / "metrics_before.prom").read_text()),
         parse_prometheus((report / "metrics_after.prom").read_text()),
     )
+    after = (report / "metrics_after.prom").read_text()
+    if after.startswith(SCRAPE_FAILED):  # the server died or hung meanwhile: said, not an empty section
+        run["server_scrape_failed"] = after.removeprefix(SCRAPE_FAILED).strip()
     summary["run"] = run
     summary["stage_figures"] = stats_rows(stats)
     rows = stats_rows(stats)

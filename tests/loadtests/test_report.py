@@ -138,6 +138,25 @@ def test_summary_says_when_the_load_did_not_saturate() -> None:
     assert "No request was answered" in markdown(empty, [], {"seconds": 1})
 
 
+def test_a_server_shedding_or_a_pace_never_reached_is_said_whatever_the_throughput() -> None:
+    """99% shed and a rate stage that sent 16 of the 20 requests/s offered both read "not saturated" and nothing
+    else: the verdict is by answered throughput only."""
+    shedding = [_stage(0, 3, 10.0, 900.0, shed_rate=0.99)]
+    paced = replace(_stage(1, 20, 15.9, 1000.0), rate=20.0, sent_rps=15.9)
+    fine = replace(_stage(2, 10, 9.95, 50.0), rate=10.0, sent_rps=9.95)
+    summary = summarize([*shedding, paced, fine])
+    assert summary["warnings"] == [
+        "stage 0 (offered 3): 99.0% shed (429) and 0.0% failed: past what the server takes, whatever its throughput "
+        "says",
+        "stage 1 sent 15.9 requests/s of the 20 offered: its users could not keep the pace (answers slower than "
+        "users / rate; raise --rate-users)",
+    ]
+    text = markdown(summary, [*shedding, paced, fine], {"seconds": 30, "server_scrape_failed": "connection refused"})
+    assert text.count("- **warning**: ") == 3
+    assert "the server's /metrics could not be read after the run (connection refused)" in text
+    assert summarize(STEPS[:4])["warnings"] == []  # no shed past 5%, closed loop: nothing to say
+
+
 def test_markdown_has_the_numbers() -> None:
     summary = summarize(STEPS)
     text = markdown(summary, STEPS, {"command": "python -m loadtests --url X", "seconds": 60.0, "offered_unit": "u"})
