@@ -322,6 +322,10 @@ def handler(state: ServerState, keys: ApiKeys) -> grpc.GenericRpcHandler:
     )
 
 
+MAX_CONCURRENT_STREAMS = 256
+CONNECTION_AGE_S = 600.0
+
+
 class GrpcServer:
     """grpcio's asyncio server on --grpc-port, in the running event loop; `reuse_port`: several processes share
     the port (process mode's front-ends), else a port already taken fails the start."""
@@ -339,6 +343,14 @@ class GrpcServer:
         options = [
             ("grpc.max_receive_message_length", s.max_body_bytes),
             ("grpc.so_reuseport", 1 if self.reuse_port else 0),
+            # calls at once on one connection: grpcio advertised no bound, and a client that opens streams and never
+            # ends their messages held them all (20 connections x 200 streams: +58 MB, never answered)
+            ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+            # a connection lives CONNECTION_AGE_S at most, then GOAWAY and the calls in flight get the request
+            # deadline to finish: a call whose message never ends is cut then, and long-lived channels move over
+            # to the other front-ends (SO_REUSEPORT spreads connections, not calls)
+            ("grpc.max_connection_age_ms", int(CONNECTION_AGE_S * 1000)),
+            ("grpc.max_connection_age_grace_ms", int((s.request_timeout_s + 5) * 1000)),
         ]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((handler(self.state, self.keys),))

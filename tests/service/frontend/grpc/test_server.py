@@ -400,3 +400,21 @@ def test_metadata_that_is_not_utf8_leaves_no_traceback_in_the_log(caplog) -> Non
         logger.error("Invalid encoding on %s", b"Bearer \xe9", exc_info=(ValueError, ValueError("x"), None))
         logger.error("another grpc error")
     assert [record.getMessage() for record in caplog.records] == ["another grpc error"]
+
+
+def test_the_server_bounds_the_calls_on_one_connection(oip_server) -> None:
+    """grpcio advertised no SETTINGS_MAX_CONCURRENT_STREAMS: a client opening streams whose messages never end held
+    every one (20 connections x 200 streams: +58 MB, none answered, none refused)."""
+    host, port = oip_server.grpc_url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # empty SETTINGS
+        received = b""
+        while len(received) < 9 or len(received) < 9 + int.from_bytes(received[:3], "big"):
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+    length, kind = int.from_bytes(received[:3], "big"), received[3]
+    assert kind == 4  # the server's first frame: its SETTINGS
+    payload = received[9 : 9 + length]
+    settings = dict(struct.unpack(">HI", payload[i : i + 6]) for i in range(0, length, 6))
+    assert settings.get(3) == 256, settings  # SETTINGS_MAX_CONCURRENT_STREAMS
