@@ -303,6 +303,13 @@ class HttpProtocol(HttpToolsProtocol):
             if not cycle.more_body:  # about a pipelined request behind one still being answered: answer that one
                 cycle.keep_alive = False
                 self.flow.pause_reading()
+                log.warning(  # the refused request gets no answer of its own: said here (it left no trace at all)
+                    "%d from %s: %s (a pipelined request behind one being answered: the connection closes after "
+                    "that answer)",
+                    error.status_code,
+                    self._peer(),
+                    error.message,
+                )
                 return
             if cycle.response_started:  # the app answers already, a body of ours cannot come first
                 self.transport.close()

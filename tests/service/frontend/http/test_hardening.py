@@ -20,6 +20,7 @@ import pytest
 
 from service.frontend.http.middleware import RequestContextMiddleware
 from service.logs import TEXT_FORMAT, RequestIdFilter
+from tests.service.conftest import wait_for
 
 CLASSIFY = "/v1/models/bert-classification/classify"
 HEADER_TIMEOUT_S = 1.0
@@ -241,6 +242,19 @@ def test_oversized_and_malformed_requests_get_the_json_error(hardened, request_b
     line = access_line(hardened, headers["x-request-id"])
     assert line["status"] == status and set(line) == ACCESS_FIELDS
     assert httpx.get(hardened.url + "/livez").status_code == 200
+
+
+def test_a_malformed_request_pipelined_behind_a_good_one_is_logged(hardened) -> None:
+    """The good one is answered and the connection closes after it; the malformed one behind it had left no trace
+    at all (no answer of its own can come before the first's, and none is sent after a close)."""
+    body = b'{"inputs": ["fine"]}'
+    good = b"POST /v1/models/bert-classification/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    good += b"Content-Length: %d\r\n\r\n" % len(body) + body
+    bad = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd"
+    response, _ = exchange(hardened, good + bad)
+    status, headers, _ = parse(response)
+    assert status == 200 and headers["connection"] == "close"
+    assert wait_for(lambda: "(a pipelined request behind one being answered: the connection closes" in hardened.log())
 
 
 @pytest.mark.parametrize(
