@@ -50,6 +50,8 @@ log = logging.getLogger("service.supervisor.launcher")
 POLL_S = 0.1
 ENGINE_START_S = 600.0  # loading every model, before the socket appears (warm-up happens after)
 FRONTEND_START_S = 120.0  # imports and the app's start-up, before it writes its heartbeat file (seconds, normally)
+ENGINE_STOP_S = 30.0  # at a stop, after the front-ends': the engine's wait for the batches it runs, then a kill
+FRONTEND_STOP_EXTRA_S = 5.0  # a front-end's wait past --drain-timeout-s before its kill
 MAX_FAILED_STARTS = 3  # exits in a row before a process began to serve: it cannot start, and the server stops
 
 
@@ -283,7 +285,7 @@ class Launcher:
             engine.signal(signal.SIGTERM)
         for engine in self.engines:
             if engine.process is not None:
-                engine.wait(30)
+                engine.wait(ENGINE_STOP_S)
 
     def _supervise(self) -> int:
         while not self.stopping:
@@ -324,6 +326,6 @@ class Launcher:
             frontend.signal(signal.SIGTERM)
         for frontend in self.frontends:
             if frontend.process is not None:
-                frontend.wait(self.settings.drain_timeout_s + 5)
+                frontend.wait(self.settings.drain_timeout_s + FRONTEND_STOP_EXTRA_S)
         self._stop_engines()
         log.info("stopped")

@@ -25,6 +25,7 @@ EXPECTED = {
     "overlays/export-init",
     "kserve",
     "kserve-v2",
+    "export-job",
 }
 
 

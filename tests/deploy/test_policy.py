@@ -19,6 +19,7 @@ from benchmarks.autoscale_simulation import CANDIDATES, HpaSpec
 from benchmarks.scrape import scrape
 from service.frontend.grpc.health import LIVENESS
 from service.settings import Settings
+from service.supervisor.launcher import ENGINE_STOP_S, FRONTEND_STOP_EXTRA_S
 from tests.deploy.manifests import (
     KUBERNETES,
     ROOT,
@@ -204,6 +205,46 @@ def test_model_repository_is_mounted_read_only(rendered) -> None:
         assert claim is None or claim["readOnly"] is True, name
 
 
+def test_the_export_init_container_has_scratch_space_for_the_export(rendered) -> None:
+    """It shared the server's /tmp (64Mi): onnxruntime's static quantization wrote ~90 MB there for MiniLM, and the
+    init container ran out (ENOSPC) or the pod was evicted, so no pod of the overlay became ready."""
+    units = {"Mi": 2**20, "Gi": 2**30}
+    checked = 0
+    for name, _, _, pod in every_pod(rendered):
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for init in pod.get("initContainers", []):
+            tmp = next(m for m in init["volumeMounts"] if m["mountPath"] == "/tmp")
+            limit = volumes[tmp["name"]]["emptyDir"]["sizeLimit"]
+            assert int(limit[:-2]) * units[limit[-2:]] >= 2**30, (name, limit)
+            checked += 1
+    assert checked  # the export-init overlay has one
+
+
+def test_the_export_job_meets_the_restricted_standard_and_writes_the_repository(rendered) -> None:
+    """The docs' `kubectl create job` made a pod without volumes and without a security context, which the
+    namespace's `restricted` pod security standard refuses: the Job of export-job writes the base's PVC."""
+    (job,) = of_kind(rendered["export-job"], "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    context = container["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"]
+    assert container["image"] == "bertserve:export" and container["args"][2:] == [
+        "minilm-bert-sst2",
+        "--repository",
+        "/models",
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert volumes[mounts["/models"]["name"]]["persistentVolumeClaim"]["claimName"] == "bertserve-models"
+    assert not mounts["/models"].get("readOnly")
+    assert mounts["/checkpoints"]["readOnly"] is True
+    assert volumes[mounts["/tmp"]["name"]]["emptyDir"]["sizeLimit"] == "2Gi"
+    (claim,) = of_kind(rendered["base"], "PersistentVolumeClaim")
+    assert "ReadWriteMany" in claim["spec"]["accessModes"]  # ReadOnlyMany alone: no writer
+
+
 # --- shutdown -------------------------------------------------------------------------------------------------
 def test_grace_period_outlasts_the_drain(rendered) -> None:
     default = Settings.model_fields["drain_timeout_s"].default
@@ -215,7 +256,12 @@ def test_grace_period_outlasts_the_drain(rendered) -> None:
             assert pod["timeout"] > drain, name
             continue
         assert pre_stop_sleep_s(server) > 0, name
-        assert pod["terminationGracePeriodSeconds"] > pre_stop_sleep_s(server) + drain, name
+        settings = environment(server, docs)
+        process_mode = settings.get("BERTSERVE_DEVICE") == "cuda" or settings.get("BERTSERVE_ENGINE_MODE") == "process"
+        # process mode stops the front-ends (the drain, then a kill) and then the engines: the GPU overlay's 45 s
+        # were the in-process bound, short of its 70 s
+        stop = drain + FRONTEND_STOP_EXTRA_S + ENGINE_STOP_S if process_mode else drain
+        assert pod["terminationGracePeriodSeconds"] > pre_stop_sleep_s(server) + stop, name
 
 
 # --- settings ---------------------------------------------------------------------------------------------------
