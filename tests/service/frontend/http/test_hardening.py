@@ -514,7 +514,16 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_and_holds_no_admission(t
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.sendall(request * 3)
         started = time.monotonic()
-        time.sleep(1.0)  # the first answer written as far as the buffers take it
+
+        def answer_begun() -> bool:  # its first bytes arrived (peeked: nothing read); a loaded machine's NER takes s
+            with contextlib.suppress(BlockingIOError):
+                return bool(client.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            return False
+
+        # the first answer under way (its work done: what is in flight now is the write alone), then written as far
+        # as the buffers take it; a fixed second had other clients meet the NER itself at the gate on a loaded machine
+        assert wait_for(answer_begun, timeout=60)
+        time.sleep(0.5)
         with httpx.Client(base_url=server.url, timeout=30) as other:
             # one at a time, so each is alone in flight but for the stuck one: it held the gate, cut to its floor
             served = [other.post(CLASSIFY, json={"inputs": ["fine"]}).status_code for _ in range(30)]
