@@ -214,12 +214,24 @@ class InferenceGateway:
         declared: bytes | None,
         headers: list[tuple[bytes, bytes]],
     ) -> int:
-        """The answer's status, counted and timed whatever it is: a 401 or a declared size's 413 too (gRPC counts its
-        UNAUTHENTICATED; after a key's rotation, clients still on the old key show on the dashboards' error ratio)."""
+        """The API key and the body's declared size, then the counted part; the answer's status, counted and timed
+        whatever it is: a 401 or a declared size's 413 too (gRPC counts its UNAUTHENTICATED; after a key's rotation,
+        clients still on the old key show on the dashboards' error ratio)."""
         started = time.perf_counter()
         status = 500
         try:
-            status = await self._authorized(scope, receive, send, endpoint, name, declared, headers)
+            if self.keys is not None:
+                token = bearer_token(scope)
+                if token is None or not self.keys.verify(token):
+                    status = await _send_error(scope, send, unauthorized(token), headers)
+                    return status
+            length: int | None = None  # None: chunked (or no body), read in `_counted`, bounded
+            if declared is not None and declared.isdigit():
+                length = int(declared)
+                if length > self.max_bytes:
+                    status = await _send_error(scope, send, self._too_large(), headers)
+                    return status
+            status = await self._counted(scope, receive, send, endpoint, name, length, headers)
             return status
         finally:
             status = scope.get(SCOPE_STATUS, status)  # the status answered, where the path's API has its own
@@ -229,28 +241,6 @@ class InferenceGateway:
             metrics = self.metrics
             metrics.series(metrics.requests, model, label, str(status)).inc()
             metrics.series(metrics.request_duration, model, label).observe(time.perf_counter() - started)
-
-    async def _authorized(
-        self,
-        scope: Scope,
-        receive: Callable,
-        send: Callable,
-        endpoint: Endpoint,
-        name: str | None,
-        declared: bytes | None,
-        headers: list[tuple[bytes, bytes]],
-    ) -> int:
-        """The API key and the body's declared size, then the request."""
-        if self.keys is not None:
-            token = bearer_token(scope)
-            if token is None or not self.keys.verify(token):
-                return await _send_error(scope, send, unauthorized(token), headers)
-        length: int | None = None  # None: chunked (or no body), read in `_counted`, bounded
-        if declared is not None and declared.isdigit():
-            length = int(declared)
-            if length > self.max_bytes:
-                return await _send_error(scope, send, self._too_large(), headers)
-        return await self._counted(scope, receive, send, endpoint, name, length, headers)
 
     async def _counted(
         self,
