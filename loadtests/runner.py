@@ -227,9 +227,22 @@ def run_locust(
     with (report / "locust.out").open("w") as output:
         # a session of its own: a terminal's Ctrl-C reaches this process alone, which stops Locust as SIGTERM does
         process = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # SIGINT as Python's default (KeyboardInterrupt) in Locust, which is how the runner stops it: a runner
+            # started in the background by a script (`... &`) has SIGINT ignored, Locust inherited that, went on
+            # loading to its 30 s kill and wrote nothing
+            preexec_fn=_default_sigint,
         )
         return wait_for_locust(process, timeout_s)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_locust(process: subprocess.Popen, timeout_s: float) -> tuple[int, str | None]:
