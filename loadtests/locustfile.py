@@ -46,6 +46,7 @@ from locust.exception import StopUser
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from loadtests.payloads import (
+    ENDPOINTS,
     BatchSizes,
     PayloadSet,
     classify_body,
@@ -55,7 +56,15 @@ from loadtests.payloads import (
     qa_body,
     sample,
 )
-from loadtests.shapes import STOP_TIMEOUT_S, Schedule, Stage, pacing_wait, rate_schedule, step_schedule
+from loadtests.shapes import (
+    STOP_TIMEOUT_S,
+    Schedule,
+    Stage,
+    pacing_wait,
+    parse_rates,
+    rate_schedule,
+    step_schedule,
+)
 from loadtests.urls import API_KEY_ENV, auth_headers, check_target, fetch_models
 from loadtests.validation import ModelTarget, judge, pick_target
 
@@ -169,8 +178,9 @@ def configure(options: Any, host: str) -> None:
     if options.load_shape == "step":
         STATE.schedule = step_schedule(options.step_users, options.step_seconds, options.max_users, options.max_seconds)
     else:
-        rates = [float(rate) for rate in str(options.rates).split(",") if rate.strip()]
-        STATE.schedule = rate_schedule(rates, options.stage_seconds, options.rate_users or None, options.max_seconds)
+        STATE.schedule = rate_schedule(
+            parse_rates(str(options.rates)), options.stage_seconds, options.rate_users or None, options.max_seconds
+        )
     STATE.max_requests = options.max_requests
     STATE.report_dir = Path(options.report_dir) if options.report_dir else None
     STATE.seed = options.seed
@@ -185,7 +195,7 @@ def configure(options: Any, host: str) -> None:
     missing = [name for name in wanted if name not in STATE.targets]
     if missing:
         raise ValueError(f"--mix: no ready model for {', '.join(missing)} on the server")
-    STATE.mix = wanted or [endpoint for endpoint in ("classify", "ner", "qa") if endpoint in STATE.targets]
+    STATE.mix = wanted or [endpoint for endpoint in ENDPOINTS if endpoint in STATE.targets]
 
 
 @events.init.add_listener

@@ -48,7 +48,7 @@ from loadtests.report import (
     stats_rows,
     summarize,
 )
-from loadtests.shapes import STOP_TIMEOUT_S, Schedule, rate_schedule, step_schedule
+from loadtests.shapes import STOP_TIMEOUT_S, Schedule, parse_rates, rate_schedule, step_schedule
 from loadtests.urls import API_KEY_ENV, check_target, fetch_models, http_get
 from loadtests.validation import ModelTarget, pick_target
 
@@ -121,19 +121,6 @@ def schedule_from(args: argparse.Namespace) -> Schedule:
     if args.shape == "step":
         return step_schedule(args.step_users, args.step_seconds, args.max_users, args.max_seconds)
     return rate_schedule(parse_rates(args.rates), args.stage_seconds, args.rate_users or None, args.max_seconds)
-
-
-def parse_rates(text: str) -> list[float]:
-    """--rates' numbers; ValueError naming the option and the value that is not one."""
-    rates = []
-    for part in text.split(","):
-        if not part.strip():
-            continue
-        try:
-            rates.append(float(part))
-        except ValueError:
-            raise ValueError(f"--rates: {part.strip()[:40]!r} is not a number (requests/s, comma-separated)") from None
-    return rates
 
 
 def choose_targets(models: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, ModelTarget]:
@@ -293,11 +280,10 @@ def write_report(report: Path, run: dict[str, Any], settle_s: float, metric: str
     stats = stage_stats(records, stages, settle_s)
     summary = summarize(stats, metric, records)  # type: ignore[arg-type]
     summary["endpoints"] = endpoint_totals(records)
-    summary["server"] = metrics_delta(
-        parse_prometheus((report / "metrics_before.prom").read_text()),
-        parse_prometheus((report / "metrics_after.prom").read_text()),
-    )
     after = (report / "metrics_after.prom").read_text()
+    summary["server"] = metrics_delta(
+        parse_prometheus((report / "metrics_before.prom").read_text()), parse_prometheus(after)
+    )
     if after.startswith(SCRAPE_FAILED):  # the server died or hung meanwhile: said, not an empty section
         run["server_scrape_failed"] = after.removeprefix(SCRAPE_FAILED).strip()
     summary["run"] = run

@@ -98,3 +98,16 @@ def pacing_wait(interval_s: float, now: float, last_start: float | None, phase: 
     if last_start is None:
         return max(0.0, phase)
     return max(0.0, last_start + interval_s - now)
+
+
+def parse_rates(text: str) -> list[float]:
+    """--rates' numbers; ValueError naming the option and the value that is not one."""
+    rates = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        try:
+            rates.append(float(part))
+        except ValueError:
+            raise ValueError(f"--rates: {part.strip()[:40]!r} is not a number (requests/s, comma-separated)") from None
+    return rates

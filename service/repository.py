@@ -49,15 +49,14 @@ def scan(settings: Settings) -> dict[str, Path]:
     """The repository's entries by name (folders not starting with '.'; only --models where it is set); OSError
     where the repository cannot be listed."""
     entries = {p.name: p for p in settings.repository.iterdir() if p.is_dir() and not p.name.startswith(".")}
-    for name in [name for name in entries if name_problem(name)]:
+    misnamed = {name: problem for name in entries if (problem := name_problem(name))}
+    for name, problem in misnamed.items():
         # left out under every model control, said once: `none` served "Upper" and "bad name", poll never loaded
         # them without a word, explicit listed them and refused to load them
         del entries[name]
         if name not in _MISNAMED:
             _MISNAMED.add(name)
-            logging.getLogger("service.repository").warning(
-                "folder %s of the repository not served: %s", name, name_problem(name)
-            )
+            logging.getLogger("service.repository").warning("folder %s of the repository not served: %s", name, problem)
     if settings.models:
         entries = {name: path for name, path in entries.items() if name in settings.models}
     return dict(sorted(entries.items()))
