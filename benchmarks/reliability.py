@@ -10,10 +10,10 @@
 The model is the real MiniLM SST-2 checkpoint in ../shared/models, exported (fp32) into a work folder once.
 
 - overload: measure the capacity with a closed loop of 8 clients (requests of `--shape`, comma-separated for
-  several, each on a fresh server: classify-1, classify-16, qa-long, ner-long, classify-1-large;
-  benchmarks.request_shapes), then an
-  open loop at `factor` x that rate for `seconds` (a new connection per request, latency from the moment it was
-  due) while /livez is probed every 100 ms; then, 5 s after the load stopped, 20 normal requests one by one.
+  several, each on a fresh server: classify-1, classify-16, qa-long, ner-long, classify-1-large, embed-1, embed-64,
+  embeddings-1, rerank-20; benchmarks.request_shapes), then an open loop at `factor` x that rate for `seconds` (a
+  new connection per request, latency from the moment it was due) while /livez is probed every 100 ms; then, 5 s
+  after the load stopped, 20 normal requests one by one.
   Wanted: only 200 and 429 (each 429 with Retry-After), admitted p99 within the queue bound plus one request's
   own time alone (measured first, one request at a time), /livez p99 under 100 ms, normal answers after.
 - mixed: the shapes of `--shape` at once, on one server that serves each shape's model: each shape's capacity
@@ -57,6 +57,7 @@ from benchmarks.openloop import OpenLoopResult, open_loop, post_request
 from benchmarks.process_cpu import OtherCpu, busy_warning, process_tree, role_of
 from benchmarks.reports import write_report
 from benchmarks.request_shapes import LARGE, SHAPES
+from benchmarks.rerank_benchmark import CROSS_ENCODER, make_cross_encoder
 from service.settings import Settings
 from tests.harness.serving import ROOT, ServiceProcess, free_port, start_service
 
@@ -68,9 +69,12 @@ def exported_repository(workdir: Path, checkpoint_name: str = CHECKPOINT) -> Pat
     """A repository of `checkpoint_name` alone (fp32), exported once into the work folder."""
     repository = workdir / f"models-{checkpoint_name}"
     if not (repository / checkpoint_name / "model.json").exists():
-        checkpoint = (
-            large_checkpoint(workdir) if checkpoint_name == LARGE else realdata.SHARED / "models" / checkpoint_name
-        )
+        if checkpoint_name == LARGE:
+            checkpoint = large_checkpoint(workdir)
+        elif checkpoint_name == CROSS_ENCODER:
+            checkpoint = make_cross_encoder(workdir / "cross-encoder-checkpoint")
+        else:
+            checkpoint = realdata.SHARED / "models" / checkpoint_name
         flags = ["--name", checkpoint_name, "--repository", str(repository), "--variants", "fp32", "--quiet"]
         subprocess.run(
             [sys.executable, "-m", "export", str(checkpoint), *flags],

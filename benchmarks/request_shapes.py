@@ -9,7 +9,14 @@ windows as a user's long document would.
 - ner-long: 40 consecutive CoNLL-2003 test sentences as one text (several windows, minilm-bert-conll03);
 - classify-1-large: one SST-2 sentence a request to a larger model, ~4x MiniLM's cost per token (LARGE: a BERT of 6
   layers, hidden 768, random weights with MiniLM SST-2's tokenizer, built by benchmarks.reliability: ../shared has
-  no larger fine-tuned checkpoint), for a repository of models of different costs.
+  no larger fine-tuned checkpoint), for a repository of models of different costs;
+- embed-1, embed-64: one and sixty-four SST-2 sentences a request to the native embedding route (minilm-embed, the
+  all-MiniLM-L6-v2 sentence-transformers checkpoint);
+- embeddings-1: one SST-2 sentence a request to OpenAI's `/v1/embeddings`, which names its model in the body (the
+  model's gate is met once the request is tokenized, not at the door);
+- rerank-20: a SQuAD question against 20 paragraphs of its article through Cohere's `/v1/rerank` (the top 20 of a
+  retrieve-then-rerank flow; the cross-encoder of benchmarks.rerank_benchmark: MiniLM SST-2's encoder, 12 layers,
+  with a one-label head), also named in the body.
 """
 
 from __future__ import annotations
@@ -22,23 +29,26 @@ from benchmarks import realdata
 LARGE = "bert-6x768-random-sst2"
 QA_CONTEXT_WORDS = 600
 NER_SENTENCES = 40
+EMBEDDER = "minilm-embed"
+CROSS_ENCODER = "minilm-cross-encoder"
+RERANK_DOCUMENTS = 20
 
 
 @dataclass(frozen=True)
 class RequestShape:
     name: str
     checkpoint: str  # a directory of ../shared/models
-    endpoint: str  # classify, ner or qa
+    endpoint: str  # classify, ner, qa or embed; or a path of its own (OpenAI's, Cohere's: the body names the model)
 
     def path(self) -> str:
-        return f"/v1/models/{self.checkpoint}/{self.endpoint}"
+        return self.endpoint if self.endpoint.startswith("/") else f"/v1/models/{self.checkpoint}/{self.endpoint}"
 
     def bodies(self, count: int = 256) -> list[dict]:
         return BODIES[self.name](count)
 
     def rows_per_request(self) -> int:
         """Sequences a request holds, as the load client counts them (inputs, not windows)."""
-        return 16 if self.name == "classify-16" else 1
+        return {"classify-16": 16, "embed-64": 64, "rerank-20": RERANK_DOCUMENTS}.get(self.name, 1)
 
 
 def _sentences() -> list[str]:
@@ -80,12 +90,33 @@ def _ner_long(count: int) -> list[dict]:
     ]
 
 
+def _embeddings(count: int) -> list[dict]:
+    sentences = _sentences()
+    return [{"model": EMBEDDER, "input": sentences[i % len(sentences)]} for i in range(count)]
+
+
+def _rerank(count: int) -> list[dict]:
+    """Each question of an article against RERANK_DOCUMENTS of its paragraphs (its own first among them)."""
+    data = json.loads((realdata.SHARED / "data" / "squad" / "dev-v1.1-eval-half.json").read_text(encoding="utf-8"))
+    bodies: list[dict] = []
+    for article in data["data"]:
+        paragraphs = [p["context"] for p in article["paragraphs"]]
+        documents = [paragraphs[i % len(paragraphs)] for i in range(RERANK_DOCUMENTS)]
+        for qa in article["paragraphs"][0]["qas"]:
+            bodies.append({"model": CROSS_ENCODER, "query": qa["question"], "documents": documents})
+    return [bodies[i % len(bodies)] for i in range(count)]
+
+
 BODIES = {
     "classify-1": lambda count: _classify(1, count),
     "classify-16": lambda count: _classify(16, count),
     "qa-long": _qa_long,
     "ner-long": _ner_long,
     "classify-1-large": lambda count: _classify(1, count),
+    "embed-1": lambda count: _classify(1, count),
+    "embed-64": lambda count: _classify(64, count),
+    "embeddings-1": _embeddings,
+    "rerank-20": _rerank,
 }
 SHAPES = {
     "classify-1": RequestShape("classify-1", "minilm-bert-sst2", "classify"),
@@ -93,4 +124,8 @@ SHAPES = {
     "qa-long": RequestShape("qa-long", "minilm-bert-squad", "qa"),
     "ner-long": RequestShape("ner-long", "minilm-bert-conll03", "ner"),
     "classify-1-large": RequestShape("classify-1-large", LARGE, "classify"),
+    "embed-1": RequestShape("embed-1", EMBEDDER, "embed"),
+    "embed-64": RequestShape("embed-64", EMBEDDER, "embed"),
+    "embeddings-1": RequestShape("embeddings-1", EMBEDDER, "/v1/embeddings"),
+    "rerank-20": RequestShape("rerank-20", CROSS_ENCODER, "/v1/rerank"),
 }

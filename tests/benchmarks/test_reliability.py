@@ -76,3 +76,27 @@ def test_a_row_taken_on_a_busy_machine_is_flagged_under_the_table() -> None:
     ]
     warnings = busy_rows(rows)
     assert len(warnings) == 1 and warnings[0].startswith("ner-long (3x): WARNING: other programs used 0.55 cores")
+
+
+def test_the_embedding_and_rerank_shapes_are_requests_their_routes_take() -> None:
+    """Each shape's bodies pass its route's own schema, with the rows the load client counts for it."""
+    from benchmarks.realdata import shared_available
+    from benchmarks.request_shapes import SHAPES
+    from service.frontend.http import schemas
+
+    if not shared_available():  # the shapes are made of ../shared's real data
+        pytest.fail("../shared is missing: the shapes need its real data")
+    cases = {
+        "embed-1": (schemas.EmbedRequest, "/v1/models/minilm-embed/embed"),
+        "embed-64": (schemas.EmbedRequest, "/v1/models/minilm-embed/embed"),
+        "embeddings-1": (schemas.OpenAIEmbeddingRequest, "/v1/embeddings"),
+        "rerank-20": (schemas.RerankRequest, "/v1/rerank"),
+    }
+    for name, (schema, path) in cases.items():
+        shape = SHAPES[name]
+        assert shape.path() == path
+        for body in shape.bodies(3):
+            request = schema.model_validate(body)
+            rows = getattr(request, "inputs", None) or getattr(request, "documents", None) or [request.input]
+            assert (len(rows) if isinstance(rows, list) else 1) == shape.rows_per_request(), name
+    assert {body["model"] for body in SHAPES["rerank-20"].bodies(3)} == {"minilm-cross-encoder"}
