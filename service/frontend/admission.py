@@ -33,10 +33,11 @@ model of 4x its cost per token, both at 1.5x their own capacity, the larger mode
 and 2.26 s at p99 (the bound plus its own time: 2.03 s) where MiniLM's took 0.11 s. So each model also has a gate of
 its own (`ModelGates`), the same kind: a request is admitted against its model's own finishing rate and its own
 answers' times too, or it gets 429 naming the model; a model whose answers are late admits less of its own work,
-not less of the others'. Where the request names its model before its body (a path, a gRPC call), the `Door`
+not less of the others' (the door's gate counts every model's tokens, but leaves the answers' times to the models'
+gates). Where the request names its model before its body (a path, a gRPC call), the `Door`
 asks both gates at once, and the request's time counts from there to its answer; where it names it in its body
 (OpenAI's embeddings, Cohere's rerank), the pipeline asks the model's gate once the request is tokenized, and its
-time counts from there to the engine's answer.
+time counts from the door all the same (`Ticket.admitted_at`) to the engine's answer.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class Admission:
         if self._left:
             return
         self._gate.tokens_in_flight += tokens - self.tokens
-        if not self.charged:
+        if not self.charged and self._gate.timed:
             self._gate.working[id(self)] = self.admitted_at
         self.tokens, self.charged = float(tokens), True
 
@@ -105,7 +106,7 @@ class Admission:
         if not self._left:
             self._left = True
             self._gate.leave(self.tokens, completed and self.charged)
-            if self.charged:  # it did its work: how long it took says how much the gate may admit
+            if self.charged and self._gate.timed:  # it did its work: how long it took says how much may be admitted
                 self._gate.working.pop(id(self), None)
                 self._gate.took(self._gate.clock() - self.admitted_at, self.admitted_at)
 
@@ -130,6 +131,7 @@ class AdmissionGate:
         on_scale: Callable[[float], None] = lambda scale: None,
         subject: str = "the server",
         idle: bool = False,
+        timed: bool = True,
     ) -> None:
         self.subject = subject  # what is at capacity, in the 429's message: the server, or a model (`ModelGates`)
         self.max_queue_s = max_queue_s
@@ -139,6 +141,9 @@ class AdmissionGate:
         self.tokens_in_flight = 0.0
         self.mean_request_tokens = MIN_ESTIMATE  # of recent completed requests (an exponential mean)
         self.scale = 1.0  # the share of the limit and the floor admitted now (`took`)
+        # Whether its admitted requests' times cut its scale (`took`): not the door's, whose every request that does
+        # work meets its model's gate, which judges its time (`Door`).
+        self.timed = timed
         self.on_scale = on_scale  # told each new scale (the metric bertserve_admission_share)
         self.clock = clock
         self._cut_at = -math.inf  # when the scale was last cut
@@ -151,6 +156,7 @@ class AdmissionGate:
         self.claim = 0.0
         self._claim_until = -math.inf
         self._refused_beside_claim = False  # the last refusal was of a request that fitted but for the claim
+        self._refused_needing = 0.0  # the tokens the last refused request needed room for (its own, and a claim's)
         self._second = math.floor(clock())
         self._current = 0.0  # tokens finished in the current second
         # Tokens finished in each of the last whole seconds. A gate made `idle` starts as after `history` seconds that
@@ -178,7 +184,10 @@ class AdmissionGate:
             return self.floor_tokens * self.scale
         return rate * self.max_queue_s * TAIL_FACTOR * self.scale
 
-    def try_enter(self, tokens: float) -> Admission | None:
+    def try_enter(self, tokens: float, since: float | None = None) -> Admission | None:
+        """An admission for `tokens`, or None (refused: `overloaded` says why). `since`: when the request came in at
+        the door, where that was before this gate (a model's gate met once the request is tokenized): its time is
+        counted from there, not from here."""
         self._overdue()
         now = self.clock()
         if now >= self._claim_until:
@@ -195,6 +204,7 @@ class AdmissionGate:
             self._refused_beside_claim = not claimant and (
                 self.tokens_in_flight + tokens <= limit or self._floor_room(tokens)
             )
+            self._refused_needing = needed
             return None
         if claimant:
             self.claim = 0.0
@@ -202,7 +212,7 @@ class AdmissionGate:
         self.in_flight += 1
         self.tokens_in_flight += tokens
         self._had_work = True
-        return Admission(self, tokens, self.clock())
+        return Admission(self, tokens, now if since is None else since)
 
     def _floor_room(self, tokens: float) -> bool:
         """The floor, whatever the measured rate: up to `cold_requests` requests and one batch of tokens
@@ -257,10 +267,14 @@ class AdmissionGate:
         return self.tokens_in_flight / rate if rate else None
 
     def retry_after_s(self) -> int:
-        """A hint for the client: about when the work in flight now will be done (1 s where no rate is known yet:
-        one is, a second from now)."""
-        wait = self.expected_wait_s()
-        return 1 if wait is None else max(1, min(30, math.ceil(wait)))
+        """A hint for the client: about when the request refused last would fit, as the work in flight now is done
+        at the recent rate (1 s where no rate is known yet: one is, a second from now); not when all that work is
+        done, which is later by up to the limit's own time (40% of the bound) less the request's."""
+        rate = self.rate()
+        if rate <= 0:
+            return 1
+        excess = self.tokens_in_flight + self._refused_needing - self.limit()
+        return max(1, min(30, math.ceil(excess / rate)))
 
     def refusal(self) -> str:
         """Why a request is refused now, for the 429's message."""
@@ -331,6 +345,10 @@ class Door:
     away: its 429 says why."""
 
     def __init__(self, gate: AdmissionGate, models: ModelGates, serves: Callable[[str], bool]) -> None:
+        # Every request that does work meets its model's gate (here, or in the pipeline once tokenized), and that gate
+        # judges its time: a late answer cuts its own model's share. Cut here too, it cut every model's (one slow
+        # 64-passage rerank: the door's share 0.12 while the model's own read 1.0, measured).
+        gate.timed = False
         self.gate = gate
         self.models = models
         self._serves = serves  # whether a model is served here: a gate is made only for a model that is
@@ -394,6 +412,10 @@ class ModelGates:
         self._on_scale = on_scale  # told each model's new share (bertserve_model_admission_share)
         self._on_forget = on_forget  # told a model's gate is gone (its share's series is dropped)
         self._gates: dict[str, AdmissionGate] = {}
+
+    def lowest(self) -> float:
+        """The least share any model's gate admits now (1 without a gate): the front-end's, as its metric shows it."""
+        return min((gate.scale for gate in self._gates.values()), default=1.0)
 
     def gate(self, model: str) -> AdmissionGate:
         gate = self._gates.get(model)

@@ -63,8 +63,8 @@ class RequestPipeline:
             settings.max_queue_s,
             settings.admission_floor_tokens,
             cold_requests=settings.admission_cold_requests,
-            on_scale=lambda model, scale: metrics.series(metrics.model_admission_share, model).set(scale),
-            on_forget=lambda model: metrics.forget_series(metrics.model_admission_share, model),
+            on_scale=self._model_share_changed,
+            on_forget=self._model_gate_gone,
         )
         registry.on_change.append(lambda: self.model_gates.follow(registry.models))  # a gate per model served
 
@@ -377,6 +377,15 @@ class RequestPipeline:
         metrics.series(metrics.tokenization_duration, model.name).observe(timings.tokenization_s)
         return outputs
 
+    def _model_share_changed(self, model: str, scale: float) -> None:
+        """A model's gate admits `scale` of its usual share now: its metric, and the front-end's (the lowest)."""
+        self.metrics.series(self.metrics.model_admission_share, model).set(scale)
+        self.metrics.admission_share.set(self.model_gates.lowest())
+
+    def _model_gate_gone(self, model: str) -> None:
+        self.metrics.forget_series(self.metrics.model_admission_share, model)
+        self.metrics.admission_share.set(self.model_gates.lowest())
+
     def _model_share(self, model: ServedModel, tokens: int, ticket: Ticket) -> Admission | None:
         """The model's own gate admits the request's tokens (`admission.ModelGates`), or Overloaded (429), where the
         door did not (the request named its model in its body). A self-test passes: a version must be tested to
@@ -384,7 +393,7 @@ class RequestPipeline:
         if ticket.admitted_model == model.name or SELF_TEST.get() is not None:
             return None
         gate = self.model_gates.gate(model.name)
-        share = gate.try_enter(tokens)
+        share = gate.try_enter(tokens, since=ticket.admitted_at)  # its time counts from the door
         if share is None:
             raise gate.overloaded()
         share.charge(tokens)  # tokenized: its real count, as the door's share was charged

@@ -24,6 +24,7 @@ class Ticket:
     on_done: list[Callable[[], None]] = field(default_factory=list)  # at `done()`: the request is over
     on_charge: list[Callable[[int], None]] = field(default_factory=list)  # told the request's tokens, once known
     admitted_model: str | None = None  # the model whose own gate admitted the request at the door (its on_charge)
+    admitted_at: float | None = None  # when the door admitted it (time.monotonic(), the admission gates' clock)
     request_id: str | None = None  # the HTTP request's x-request-id, for the log lines about its rows
     # Traces on and the request sampled: the span its time in the engine belongs to (its queue, its share of each
     # batch): an OpenTelemetry SpanContext, remote in an engine process

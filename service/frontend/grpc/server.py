@@ -137,6 +137,7 @@ class InferenceService:
         try:
             ticket.on_charge.append(admission.charge)
             ticket.admitted_model = admission.model_name
+            ticket.admitted_at = admission.door.admitted_at
             try:
                 result = await oip.infer(state.pipeline, model, inputs, parameters, requested, ticket)
             except asyncio.CancelledError:  # the client cancelled, or the call's deadline passed

@@ -338,6 +338,7 @@ async def admitted(request: Request) -> AsyncIterator[Ticket]:
     if (admission := request.scope.get(SCOPE_ADMISSION)) is not None:
         ticket.on_charge.append(admission.charge)
         ticket.admitted_model = admission.model_name
+        ticket.admitted_at = admission.door.admitted_at
     on_disconnect: list | None = request.scope.get(SCOPE_ON_DISCONNECT)  # this server's HTTP protocol calls them
     watcher = None
     if on_disconnect is not None:

@@ -46,7 +46,6 @@ class ServerState:
             settings.max_queue_s,
             settings.admission_floor_tokens,
             cold_requests=settings.admission_cold_requests,
-            on_scale=self.metrics.admission_share.set,
         )
         self.door = Door(self.admission, self.pipeline.model_gates, serves=lambda name: name in self.registry.models)
         self._draining = False

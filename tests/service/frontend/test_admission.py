@@ -388,6 +388,47 @@ def test_a_model_whose_answers_are_late_admits_less_of_its_own_work_and_the_othe
     late.leave(completed=True)
     assert door.models.gate("large").scale < 1
     assert door.models.gate("small").scale == 1
+    assert door.gate.scale == 1  # the door's share is every model's: it was cut too, "small"'s with it
+    assert door.models.lowest() == door.models.gate("large").scale  # the front-end's metric: the lowest model's
+
+
+def test_a_request_whose_model_is_met_once_tokenized_is_timed_from_the_door() -> None:
+    """OpenAI's embeddings and Cohere's rerank name their model in the body: the model's gate is met once the request
+    is tokenized (`since`: when the door admitted it), and its time counts from the door, where a client's wait for
+    the body and the tokenizer began."""
+    clock = Clock()
+    door = door_with_models(clock)
+    passage = door.try_enter(400)
+    assert passage is not None and passage.model is None
+    clock.now += 1.2  # the body read, tokenized
+    share = door.models.gate("large").try_enter(100, since=passage.door.admitted_at)
+    assert share is not None
+    passage.charge(100)
+    share.charge(100)
+    clock.now += 0.3  # answered 0.3 s later: 1.5 s from the door, later than 70% of the bound
+    share.leave(completed=True)
+    passage.leave(completed=True)
+    assert door.models.gate("large").scale < 1 and door.gate.scale == 1
+
+
+def test_retry_after_is_when_the_refused_request_would_fit_not_when_all_work_is_done() -> None:
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=10.0, floor_tokens=100, cold_requests=1, clock=clock)
+    finish(gate, 10, 100)  # 1,000 tokens in the first second
+    clock.now += 1
+    gate.rate()
+    for _ in range(2):
+        clock.now += 1
+        gate.rate()
+    # the mean of the last 3 seconds: 1,000 / 3 tokens a second; the limit: that times 4 s (40% of the bound)
+    held = [gate.try_enter(100) for _ in range(20)]
+    assert sum(admission is not None for admission in held) == 13  # 1,333 tokens: 13 requests of 100
+    assert gate.try_enter(100) is None
+    # all the work in flight is 3.9 s away; room for one more request, 0.3 s (rounded up to a whole second)
+    assert gate.expected_wait_s() == pytest.approx(3.9)
+    assert gate.retry_after_s() == 1
+    assert gate.try_enter(1000) is None  # a request of 1,000 tokens fits once 3.0 s of that work is done
+    assert gate.retry_after_s() == 3
 
 
 def test_a_model_not_served_here_gets_no_gate_and_the_pipeline_asks_later() -> None:
@@ -468,7 +509,7 @@ def test_an_idle_doors_shares_are_shown_growing_back_without_a_request() -> None
     late.charge(100)
     clock.now += 1.9  # later than 70% of the bound: both gates cut
     late.leave(completed=True)
-    assert shares[-1] < 1 and model_shares[-1][1] < 1
+    assert model_shares[-1][1] < 1 and shares == []  # the model judges its time: the door's own share stays
     clock.now += 60  # idle a minute
     door.tick()
-    assert shares[-1] == 1.0 and model_shares[-1] == ("m", 1.0)
+    assert model_shares[-1] == ("m", 1.0)
