@@ -19,6 +19,14 @@ connection for ever; nor any limit on the request line or the headers. Per conne
   httptools cannot parse a 400; each with the one error body (`service.frontend.http.errors`), `x-request-id`, a warning
   and an access line, and the connection closed.
 
+- lingering close (RFC 9112 §9.6): an answer given before its request's body has all arrived (a 429 or a 401 at
+  the door, which reads no body it refuses; a 413) closes the connection, and a socket closed with bytes unread
+  answers the client's next segment with a reset, which drops what the client had not read yet: a client still
+  writing its body got a reset in place of its 429 (57 of 578 raw-socket requests beside an embeddings flood;
+  `requests` and urllib3 raise on the failed write and never read the answer). Here the answer is followed by the
+  end of our side (a FIN), and what the client still sends is read and dropped, unparsed, until it closes, for at
+  most `LINGER_S` and `LINGER_BYTES`; then the connection is closed.
+
 And one write per response where uvicorn makes two (`CoalescingTransport`); and the app told at once when a client
 leaves (`SCOPE_ON_DISCONNECT`).
 """
@@ -32,6 +40,7 @@ import socket
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -51,6 +60,11 @@ from service.logs import REQUEST_ID_HEADER, SCOPE_REQUEST_ID, SCOPE_STATUS, acce
 
 log = logging.getLogger("service.http")
 NO_LINGER = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection and drops what is unsent
+# A lingering close's bounds: the time and bytes read (and dropped) after an answer given before its body arrived.
+# nginx lingers up to 30 s, 5 s between reads; 2 s is a 4 MiB body's write many times over on a slow link, and a
+# client sending more than LINGER_BYTES is reset as before (no memory is held for them: they are dropped as read).
+LINGER_S = 2.0
+LINGER_BYTES = 16 * 1024 * 1024
 REQUEST_LINE_SLACK = 64  # "METHOD ", " HTTP/1.1\r\n" and the CRLFs that may come before a request
 # Where a request's scope holds what to call if its client leaves before its answer is complete: a callback for the
 # app to add, in place of a task per request that waits for the ASGI `http.disconnect` message.
@@ -78,6 +92,9 @@ class CoalescingTransport:
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] = []
+        # Asked once, at the first close: True where the protocol keeps the connection open a while instead (a
+        # lingering close, `HttpProtocol._linger`); a later close closes.
+        self.linger: Callable[[], bool] | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self._held:
@@ -105,6 +122,9 @@ class CoalescingTransport:
 
     def close(self) -> None:
         self.flush()
+        linger, self.linger = self.linger, None
+        if linger is not None and linger():
+            return
         self._transport.close()
 
     def abort(self) -> None:
@@ -132,11 +152,14 @@ class HttpProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._refusal: ServiceError | None = None
         self._head_started = time.perf_counter()
+        self._linger_left: int | None = None  # lingering (`_linger`): the bytes it may still read and drop
 
     # --- connection and data -------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.transport = cast(asyncio.Transport, CoalescingTransport(transport, self.loop))
+        coalescing = CoalescingTransport(transport, self.loop)
+        coalescing.linger = self._linger
+        self.transport = cast(asyncio.Transport, coalescing)
         self._head_started = time.perf_counter()
         self._arm(self.limits.header_timeout_s, self._head_timeout)
 
@@ -176,6 +199,11 @@ class HttpProtocol(HttpToolsProtocol):
         self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_left is not None:  # answered and half-closed: the rest of the body, dropped unparsed
+            self._linger_left -= len(data)
+            if self._linger_left < 0:
+                self.transport.close()
+            return
         self._unset_keepalive_if_required()
         if self._in_head:
             self._head_bytes += len(data)
@@ -290,6 +318,26 @@ class HttpProtocol(HttpToolsProtocol):
         self._timer = None
         if self.cycle is not None and self.cycle.more_body:
             self._refuse(RequestTimeout(f"the request body did not arrive in {self.limits.body_timeout_s:g} s"))
+
+    def on_response_complete(self) -> None:
+        if self._linger_left is not None:  # lingering: no next request here, nor uvicorn's keep-alive timer to close
+            self.server_state.total_requests += 1
+            return
+        super().on_response_complete()
+
+    def _linger(self) -> bool:
+        """At the close after an answer: where the request's body has not all arrived, end our side after the answer
+        (FIN) and read what the client still sends, dropping it, until it closes or for `LINGER_S` and
+        `LINGER_BYTES` at most (the module's docstring says why); True where it does."""
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or self.transport.is_closing() or not self.transport.can_write_eof():
+            return False
+        self._disarm()
+        self._linger_left = LINGER_BYTES
+        self.transport.write_eof()  # what is held first, then our end
+        self.flow.resume_reading()  # a body over uvicorn's high-water mark paused reading
+        self._arm(LINGER_S, self.transport.close)
+        return True
 
     # --- refusals -------------------------------------------------------------------------------------------
     def _refuse(self, error: ServiceError) -> None:

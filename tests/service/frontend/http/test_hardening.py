@@ -536,3 +536,51 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_and_holds_no_admission(t
     assert SEND_TIMEOUT_S - 1 <= cut_after <= SEND_TIMEOUT_S + 10, cut_after  # was: for as long as it stayed
     assert f"read nothing of its answer for {SEND_TIMEOUT_S:g} s" in server.log()
     assert httpx.post(server.url + CLASSIFY, json={"inputs": ["fine"]}).status_code == 200
+
+
+def test_an_answer_before_the_body_is_in_is_read_by_a_client_still_writing(hardened) -> None:
+    """A body declared over the limit is answered 413 before it is read (as a 429 or a 401 at the door): the server
+    closed the connection with the body unread, the kernel answered the client's next segments with a reset, and a
+    client still writing (urllib3, `requests`) failed its write and never read the answer: of 20 raw-socket clients
+    writing a 4 MiB body without the API key, 17 failed their write and 3 read a reset (measured). Lingering, the
+    server ends its side after the answer and drops the rest."""
+    body = b'{"inputs": ["' + b"a" * (3 * 1024 * 1024) + b'"]}'  # over the default 2 MiB limit
+    head = f"POST {CLASSIFY} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    head += "\r\n"
+    outcomes = []
+    for _ in range(5):
+        with socket.create_connection(address(hardened), timeout=10) as sock:
+            sock.sendall(head.encode())
+            sock.sendall(body)  # a reset fails this write (ConnectionResetError, BrokenPipeError)
+            received = b""
+            while chunk := sock.recv(65536):  # to the server's end of file: no reset
+                received += chunk
+        outcomes.append(parse(received)[0])
+    assert outcomes == [413] * 5
+
+
+def test_a_lingering_connection_is_closed_after_linger_s_whatever_the_client_does(hardened) -> None:
+    """The rest of the body is read for LINGER_S at most: a client that declared a body, was answered before it,
+    and sends nothing more (nor closes) is closed then, not held to the body timeout."""
+    from service.frontend.http.httptools_protocol import LINGER_S
+
+    head = f"POST {CLASSIFY} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {1 << 30}\r\n\r\n"
+    with socket.create_connection(address(hardened), timeout=10) as sock:
+        sock.sendall(head.encode())
+        started = time.monotonic()
+        received = b""
+        while chunk := sock.recv(65536):  # the answer, then our end (FIN)
+            received += chunk
+        answered_s = time.monotonic() - started
+        assert parse(received)[0] == 413
+        sock.sendall(b"x" * 1024)  # still open for the client to write into; then reset at LINGER_S
+        deadline = time.monotonic() + LINGER_S + 5
+        closed = False
+        while time.monotonic() < deadline and not closed:
+            try:
+                sock.sendall(b"x" * 1024)
+                time.sleep(0.1)
+            except OSError:
+                closed = True
+        assert closed and time.monotonic() - started >= LINGER_S - 0.5
+    assert answered_s < LINGER_S  # the answer itself does not wait for the linger
