@@ -173,10 +173,21 @@ def parse_traceparent(value: str | bytes | None) -> SpanContext | None:
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 0x01))
 
 
-def client_parent(values: Sequence[str | bytes]) -> SpanContext | None:
+def client_parent(values: Sequence[str | bytes], states: Sequence[str | bytes] = ()) -> SpanContext | None:
     """The parent a request's `traceparent` headers (HTTP) or metadata entries (gRPC) give: the one, where it is well
-    formed; none for none or several (W3C trace context's test suite starts a trace of its own for two)."""
-    return parse_traceparent(values[0]) if len(values) == 1 else None
+    formed; none for none or several (W3C trace context's test suite starts a trace of its own for two). With it,
+    the client's `tracestate` (`states`: its headers, several read as one list), carried on by every span of the
+    request, as the specification asks of a participant (a vendor's entries); a malformed one (a bad key, a key
+    twice, over 32 entries) is dropped whole, as OpenTelemetry's propagator drops it."""
+    parent = parse_traceparent(values[0]) if len(values) == 1 else None
+    if parent is None or not states:
+        return parent
+    from opentelemetry.trace.span import TraceState
+
+    trace_state = TraceState.from_header([v.decode("latin-1") if isinstance(v, bytes) else v for v in states])
+    return SpanContext(
+        parent.trace_id, parent.span_id, is_remote=True, trace_flags=parent.trace_flags, trace_state=trace_state
+    )
 
 
 def set_error(span: trace.Span, error_type: str, status: int, message: str | None = None) -> None:

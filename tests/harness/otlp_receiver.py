@@ -67,6 +67,7 @@ class ReceivedSpan:
     events: tuple[tuple[str, dict[str, Any]], ...]  # (name, attributes)
     resource: dict[str, Any]  # the resource's attributes (service.name, ...)
     scope: str  # the instrumentation scope's name
+    trace_state: str = ""  # W3C tracestate, as exported
 
     @property
     def duration_ms(self) -> float:
@@ -123,6 +124,7 @@ def spans_of(request: trace_service_pb2.ExportTraceServiceRequest) -> list[Recei
                         events=tuple((event.name, attributes_of(event.attributes)) for event in span.events),
                         resource=dict(resource),
                         scope=scope_spans.scope.name,
+                        trace_state=span.trace_state,
                     )
                 )
     return received

@@ -258,7 +258,9 @@ class Call:
         if (client := _client(context.peer())) is not None:
             attributes["client.address"], attributes["client.port"] = client
         parents = [value for key, value in pairs if key == "traceparent"]
-        span = tracing.start_span(f"{SERVICE}/{self.name}", tracing.client_parent(parents), SpanKind.SERVER, attributes)
+        states = [value for key, value in pairs if key == "tracestate"]
+        parent = tracing.client_parent(parents, states)
+        span = tracing.start_span(f"{SERVICE}/{self.name}", parent, SpanKind.SERVER, attributes)
         return tracing.CurrentSpan(span) if span.is_recording() else None
 
     @staticmethod

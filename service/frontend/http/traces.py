@@ -13,6 +13,7 @@ from opentelemetry.trace import SpanKind
 from service import tracing
 
 TRACEPARENT = b"traceparent"
+TRACESTATE = b"tracestate"
 SCOPE_ERROR_TYPE = "bertserve.error_type"  # the domain error a request was answered with, for its span
 # Probes and scrapes: many a second, nothing to follow in a trace
 UNTRACED_PATHS = frozenset({"/livez", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
@@ -50,13 +51,16 @@ def start(scope: MutableMapping[str, Any], route: str | None) -> ServerSpan | No
     if not tracing.ENABLED or scope["path"] in UNTRACED_PATHS:
         return None
     parents: list[bytes] = []
+    states: list[bytes] = []
     user_agent = None
     for name, value in scope["headers"]:
         if name == TRACEPARENT:
             parents.append(value)
+        elif name == TRACESTATE:
+            states.append(value)
         elif name == b"user-agent":
             user_agent = value.decode("latin-1")
-    parent = tracing.client_parent(parents)
+    parent = tracing.client_parent(parents, states)
     method = scope["method"]
     attributes: dict[str, Any] = {
         "http.request.method": method,

@@ -170,3 +170,13 @@ def test_one_traceparent_is_a_parent_none_or_two_are_none() -> None:
     assert tracing.client_parent([header]) == tracing.parse_traceparent(header) is not None
     assert tracing.client_parent([header.encode()]) == tracing.parse_traceparent(header)
     assert tracing.client_parent([header, header]) is None
+
+
+def test_a_clients_tracestate_goes_with_its_traceparent_and_a_malformed_one_is_dropped() -> None:
+    header = f"00-{TRACE_ID}-{SPAN_ID}-01"
+    parent = tracing.client_parent([header], [b"congo=t61rcWkgMzE", "rojo=00f067aa0ba902b7"])
+    assert parent is not None and parent.trace_state.to_header() == "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+    assert (parent.trace_id, parent.span_id) == (int(TRACE_ID, 16), int(SPAN_ID, 16))
+    assert tracing.client_parent([header], ["bad key=1"]).trace_state.to_header() == ""
+    assert tracing.client_parent([header], ["rojo=1,rojo=2"]).trace_state.to_header() == ""  # a key twice
+    assert tracing.client_parent([], ["congo=1"]) is None  # no traceparent: a trace of our own, its state empty

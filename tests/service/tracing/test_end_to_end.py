@@ -90,7 +90,9 @@ def test_a_client_trace_is_continued_through_the_whole_request(traced_server, re
     trace_id, client_span, parent = client_trace()
     with traced_server.client() as client:
         answer = client.post(
-            f"/v1/models/{CLASSIFIER}/classify", json={"inputs": ["a traced sentence"]}, headers={"traceparent": parent}
+            f"/v1/models/{CLASSIFIER}/classify",
+            json={"inputs": ["a traced sentence"]},
+            headers={"traceparent": parent, "tracestate": "vendor=opaque-1,other=2"},
         )
     assert answer.status_code == 200
     sent = answer.headers["traceparent"]
@@ -109,6 +111,8 @@ def test_a_client_trace_is_continued_through_the_whole_request(traced_server, re
     assert attributes["http.response.status_code"] == 200
     assert attributes["client.address"] == "127.0.0.1"
     assert server.status_code == "UNSET"
+    # the client's tracestate, on its request's every span (it was dropped: W3C asks a participant to carry it)
+    assert {span.trace_state for span in spans if span.trace_id == trace_id} == {"vendor=opaque-1,other=2"}
 
     steps = children(spans, server)
     assert {"admission", "tokenize", "engine", "postprocess"} <= set(steps), steps.keys()
@@ -205,12 +209,12 @@ def test_grpc_calls_have_server_spans(traced_server, receiver: OtlpReceiver) -> 
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{traced_server.grpc_port}")
     text = grpcclient.InferInput("text", [1], "BYTES")
     text.set_data_from_numpy(np.array([b"a traced call"], dtype=object))
-    result = client.infer(CLASSIFIER, [text], headers={"traceparent": parent})
+    result = client.infer(CLASSIFIER, [text], headers={"traceparent": parent, "tracestate": "vendor=grpc-1"})
     assert result.as_numpy("label") is not None
     assert client.is_server_ready(headers={"traceparent": parent})  # a probe: not traced
     spans = receiver.wait_for(request_tree_complete(trace_id))
     server = one(spans, "inference.GRPCInferenceService/ModelInfer", trace_id=trace_id)
-    assert server.kind == "SERVER" and server.parent_span_id == client_span
+    assert server.kind == "SERVER" and server.parent_span_id == client_span and server.trace_state == "vendor=grpc-1"
     assert server.attributes["rpc.system"] == "grpc" and server.attributes["rpc.method"] == "ModelInfer"
     assert server.attributes["rpc.grpc.status_code"] == 0
     steps = children(spans, server)
