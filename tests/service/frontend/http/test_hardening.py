@@ -200,7 +200,9 @@ def test_idle_keep_alive_connections_are_closed(hardened) -> None:
             "headers_too_large",
         ),
         (b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Endless: " + b"e" * 40_000, 431, "headers_too_large"),
-        (b"GET /livez HTTP/1.1\r\nBad Header\r\n\r\n", 400, "bad_request"),
+        (b"GET /livez HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400, "bad_request"),
+        (b"GET /livez HTTP/1.1\r\nAccept: */*\r\n\r\n", 400, "bad_request"),  # RFC 9112 3.2: no Host
+        (b"GET /livez HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "bad_request"),  # two
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400, "bad_request"),  # TLS to the plain port
         (b"GET /livez HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello", 400, "bad_request"),
         (b"POST /livez HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "bad_request"),
@@ -228,6 +230,8 @@ def test_idle_keep_alive_connections_are_closed(hardened) -> None:
         "headers-200",
         "header-endless",
         "malformed",
+        "no-host",
+        "two-hosts",
         "tls",
         "two-lengths",
         "bad-chunk",
@@ -279,6 +283,12 @@ def test_the_protocols_refusals_on_openais_route_are_in_openais_shape(hardened, 
     error = json.loads(body)["error"]
     assert error["code"] == code and error["type"] == ("server_error" if status >= 500 else "invalid_request_error")
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
+
+
+def test_an_http_1_0_request_needs_no_host(hardened) -> None:
+    """RFC 9112's Host rule is HTTP/1.1's: an HTTP/1.0 request without one is served (an old health checker's)."""
+    response, _ = exchange(hardened, b"GET /livez HTTP/1.0\r\n\r\n")
+    assert parse(response)[0] == 200
 
 
 def test_within_the_limits_is_served(hardened) -> None:
