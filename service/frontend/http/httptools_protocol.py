@@ -15,7 +15,8 @@ connection for ever; nor any limit on the request line or the headers. Per conne
   transport's writing paused) for `send_timeout_s` is cut: the connection is closed, as nginx's `send_timeout`
   does. uvicorn waits for such a client for ever, with its next pipelined request unread behind it.
 - keep-alive: uvicorn's own timer (`keepalive_timeout_s`).
-- Host: an HTTP/1.1 request without a Host header, or any with two, is a 400 (RFC 9112 §3.2; both were served).
+- Host: an HTTP/1.1 request without a Host header, or any with two, is a 400 (RFC 9112 §3.2; both were served), and
+  so is one with two Content-Type headers (the last had been read).
 - limits: a request target over `max_url_bytes` is a 414, headers over `max_header_bytes` a 431, anything
   httptools cannot parse a 400; each with the one error body (`service.frontend.http.errors`), `x-request-id`, a warning
   and an access line, and the connection closed.
@@ -256,7 +257,13 @@ class HttpProtocol(HttpToolsProtocol):
                 "a request that asks to Upgrade (h2c, websocket) cannot carry a body here: send it without Upgrade"
             )
             raise _Refused
-        hosts = sum(name == b"host" for name, _ in self.headers)
+        hosts = types = 0
+        for name, _ in self.headers:
+            hosts += name == b"host"
+            types += name == b"content-type"
+        if types > 1:  # a field of one value (RFC 9110 8.3): the last had been read, a proxy may read the first
+            self._refusal = BadRequest("the request has two Content-Type headers: send one")
+            raise _Refused
         if hosts > 1 or (hosts == 0 and self.parser.get_http_version() == "1.1"):
             # RFC 9112 §3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host header and to any with
             # two (which one names the target? a proxy in front may have read the other)

@@ -203,6 +203,12 @@ def test_idle_keep_alive_connections_are_closed(hardened) -> None:
         (b"GET /livez HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400, "bad_request"),
         (b"GET /livez HTTP/1.1\r\nAccept: */*\r\n\r\n", 400, "bad_request"),  # RFC 9112 3.2: no Host
         (b"GET /livez HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "bad_request"),  # two
+        (
+            b"POST " + CLASSIFY.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+            400,
+            "bad_request",
+        ),
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400, "bad_request"),  # TLS to the plain port
         (b"GET /livez HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello", 400, "bad_request"),
         (b"POST /livez HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "bad_request"),
@@ -232,6 +238,7 @@ def test_idle_keep_alive_connections_are_closed(hardened) -> None:
         "malformed",
         "no-host",
         "two-hosts",
+        "two-content-types",
         "tls",
         "two-lengths",
         "bad-chunk",
