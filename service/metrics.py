@@ -116,8 +116,9 @@ class Metrics:
         )
         self.admission_share = Gauge(
             "bertserve_admission_share",
-            "Share of its usual work a front-end's door admits now (1: all; less after admitted answers took longer "
-            "than 70% of --max-queue-s, growing back as they get quick); the lowest of the live front-ends.",
+            "Share of its usual work a front-end admits now: the lowest of its models' "
+            "(bertserve_model_admission_share; 1: all; less after a model's admitted answers took longer than 70% of "
+            "--max-queue-s, growing back as they get quick); the lowest of the live front-ends.",
             registry=r,
             multiprocess_mode="livemin",
         )

@@ -131,7 +131,6 @@ class AdmissionGate:
         on_scale: Callable[[float], None] = lambda scale: None,
         subject: str = "the server",
         idle: bool = False,
-        timed: bool = True,
     ) -> None:
         self.subject = subject  # what is at capacity, in the 429's message: the server, or a model (`ModelGates`)
         self.max_queue_s = max_queue_s
@@ -143,7 +142,7 @@ class AdmissionGate:
         self.scale = 1.0  # the share of the limit and the floor admitted now (`took`)
         # Whether its admitted requests' times cut its scale (`took`): not the door's, whose every request that does
         # work meets its model's gate, which judges its time (`Door`).
-        self.timed = timed
+        self.timed = True
         self.on_scale = on_scale  # told each new scale (the metric bertserve_admission_share)
         self.clock = clock
         self._cut_at = -math.inf  # when the scale was last cut
