@@ -17,6 +17,7 @@ request path makes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import socket
@@ -124,7 +125,37 @@ def span(name: str, attributes: dict[str, Any] | None = None) -> AbstractContext
     is not sampled (the common case costs a flag check, and a context lookup when tracing is on)."""
     if not ENABLED or not trace.get_current_span().is_recording():
         return NO_SPAN
-    return _tracer.start_as_current_span(name, attributes=attributes)
+    return _ChildSpan(name, attributes)
+
+
+class _ChildSpan(AbstractContextManager):
+    """A request's step (admission, tokenize, engine, ...): an error leaving it is marked as the request's server
+    span marks it (`set_error`): ERROR (with the exception's event) where the server is at fault, `error.type` alone
+    where the client is (a 4xx, a client gone: the SDK's own handling had made every exception ERROR, so a client's
+    disconnect or empty input read as the server's failure in the engine or tokenize span)."""
+
+    __slots__ = ("_manager", "_span")
+
+    def __init__(self, name: str, attributes: dict[str, Any] | None) -> None:
+        self._manager = _tracer.start_as_current_span(
+            name, attributes=attributes, record_exception=False, set_status_on_exception=False
+        )
+
+    def __enter__(self) -> trace.Span:
+        self._span = self._manager.__enter__()
+        return self._span
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool | None:
+        if error is not None:
+            status = getattr(error, "status_code", None)
+            if isinstance(status, int):
+                set_error(self._span, type(error).__name__, status)
+            elif isinstance(error, GeneratorExit | asyncio.CancelledError):  # the request's task cancelled
+                self._span.set_attribute("error.type", type(error).__name__)
+            else:
+                self._span.record_exception(error)
+                set_error(self._span, type(error).__name__, 500, str(error) or None)
+        return self._manager.__exit__(kind, error, traceback)
 
 
 def current_context() -> SpanContext | None:

@@ -180,3 +180,42 @@ def test_a_clients_tracestate_goes_with_its_traceparent_and_a_malformed_one_is_d
     assert tracing.client_parent([header], ["bad key=1"]).trace_state.to_header() == ""
     assert tracing.client_parent([header], ["rojo=1,rojo=2"]).trace_state.to_header() == ""  # a key twice
     assert tracing.client_parent([], ["congo=1"]) is None  # no traceparent: a trace of our own, its state empty
+
+
+def test_a_step_that_fails_for_the_client_is_not_marked_as_the_servers_error(monkeypatch) -> None:
+    """A request's steps mark an error as its server span does: the SDK had made every exception ERROR, so a
+    client's disconnect read as a failure of the `engine` span, an input refused as one of `tokenize`."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from service.errors import ClientClosed, InferenceFailed, InvalidInput
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "ENABLED", True)
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
+    root = tracing.CurrentSpan(tracing.start_span("request"))
+    try:
+        for name, error in (
+            ("tokenize", InvalidInput("too long")),
+            ("engine", ClientClosed("the client went away")),
+            ("inference", InferenceFailed("the batch failed")),
+            ("postprocess", RuntimeError("a bug")),
+        ):
+            with pytest.raises(type(error)), tracing.span(name):
+                raise error
+    finally:
+        root.end()
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    for name, error_type, status in (
+        ("tokenize", "InvalidInput", "UNSET"),
+        ("engine", "ClientClosed", "UNSET"),
+        ("inference", "InferenceFailed", "ERROR"),
+        ("postprocess", "RuntimeError", "ERROR"),
+    ):
+        assert spans[name].attributes["error.type"] == error_type, name
+        assert spans[name].status.status_code.name == status, name
+    assert [event.name for event in spans["postprocess"].events] == ["exception"]  # a bug's traceback, recorded
+    assert not spans["tokenize"].events  # a client's error: no exception event
