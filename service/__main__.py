@@ -18,11 +18,19 @@ from service.frontend.http.auth import ApiKeys, open_paths
 from service.frontend.http.repository_api import AdminKeys
 from service.frontend.http.server import serve
 from service.repository import discover
-from service.settings import settings_from_cli, unknown_variables
+from service.settings import Settings, settings_from_cli, unknown_variables
 from service.supervisor.launcher import Launcher, listen_problem, resolve_engine_mode, uses_gpu
 from service.system.exit import exit_now
 
 log = logging.getLogger("service")
+
+
+def source_of(setting: str, arguments: list[str]) -> str:
+    """Where a setting's value came from, for its refusal: its flag, or its environment variable where that is set
+    and the flag was not given (the refusal had named the setting alone, and a user looked for a flag never typed)."""
+    flag, variable = f"--{setting.replace('_', '-')}", f"BERTSERVE_{setting.upper()}"
+    given = any(argument == flag or argument.startswith(flag + "=") for argument in arguments)
+    return f"from {variable}" if variable in os.environ and not given else flag
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     if refusal:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
+    arguments = sys.argv[1:] if argv is None else argv
     try:
-        settings = settings_from_cli(sys.argv[1:] if argv is None else argv)
+        settings = settings_from_cli(arguments)
         discover(settings)  # refuse at once, with the reason, what cannot be served
         keys = ApiKeys.from_settings(settings)  # and a key file that cannot be used
         if settings.model_control == "explicit":
@@ -40,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         for error in exc.errors():
             where = ".".join(str(part) for part in error["loc"])
             message = error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's refusal
+            if where in Settings.model_fields:
+                where += f" ({source_of(where, arguments)})"
             print(f"error: invalid setting {where}: {message}" if where else f"error: {message}", file=sys.stderr)
         return 2
     except StartupError as exc:

@@ -81,6 +81,11 @@ def discover(settings: Settings) -> list[Path]:
             raise StartupError(f"{flag} names entries that are not in {repository}: {', '.join(missing)}")
     entries = [found[name] for name in found if settings.model_control != "explicit" or name in (wanted or ())]
     if not entries and settings.model_control == "none":
+        if (repository / "model.json").is_file():  # the entry itself, not the folder of entries
+            raise StartupError(
+                f"model repository {repository} is one model's entry (it holds model.json): pass the folder that "
+                f"holds it, --repository {repository.parent}"
+            )
         raise StartupError(f"model repository {repository} has no entries (build one: python -m export ...)")
     for entry in entries:
         if problem := budget_problem(entry, settings):

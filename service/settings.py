@@ -435,7 +435,11 @@ class Settings(BaseSettings):
             if self.models is not None:
                 raise ValueError("with model_control explicit, name the models to load at start with --model")
         elif self.model is not None or self.admin_api_key_file is not None:
-            raise ValueError("model and admin_api_key_file are for model_control explicit only")
+            given = "--model" if self.model is not None else "--admin-api-key-file"
+            raise ValueError(
+                f"{given} is for --model-control explicit only (models loaded and unloaded through the API); "
+                "to serve only some of the repository's models, name them with --models"
+            )
         if self.request_timeout_s * 1000 <= self.max_wait_ms:
             raise ValueError("request_timeout_s must be longer than max_wait_ms, or every request times out")
         if "max_queue_rows" not in self.model_fields_set:

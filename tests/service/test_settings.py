@@ -98,7 +98,39 @@ def test_help_lists_every_setting_with_its_environment_variable() -> None:
 def test_bad_flag_value_exits_with_the_reason() -> None:
     done = run_service("--max-batch-size", "0")
     assert done.returncode == 2
-    assert done.stderr.strip() == "error: invalid setting max_batch_size: Input should be greater than or equal to 1"
+    assert done.stderr.strip() == (
+        "error: invalid setting max_batch_size (--max-batch-size): Input should be greater than or equal to 1"
+    )
+
+
+def test_a_bad_value_from_the_environment_names_its_variable() -> None:
+    """It named the setting alone, and a user looked for a --port never typed."""
+    done = run_service(env={"BERTSERVE_PORT": "abc"})
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("error: invalid setting port (from BERTSERVE_PORT): "), done.stderr
+
+
+def test_a_flag_of_explicit_model_control_names_itself_and_what_was_meant() -> None:
+    """It said "model and admin_api_key_file are for model_control explicit only" of a --model meant as --models."""
+    done = run_service("--model", "sentiment")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: --model is for --model-control explicit only (models loaded and unloaded through the API); to "
+        "serve only some of the repository's models, name them with --models"
+    )
+
+
+def test_a_repository_that_is_one_entry_says_to_pass_its_parent(tmp_path: Path) -> None:
+    """It said "has no entries (build one: python -m export ...)" of a complete entry."""
+    entry = tmp_path / "models" / "sentiment"
+    entry.mkdir(parents=True)
+    (entry / "model.json").write_text("{}")
+    done = run_service("--repository", str(entry))
+    assert done.returncode == 2
+    assert (
+        f"is one model's entry (it holds model.json): pass the folder that holds it, --repository {entry.parent}"
+        in (done.stderr)
+    )
 
 
 def test_settings_that_clash_are_refused_in_one_plain_line() -> None:

@@ -169,7 +169,7 @@ def test_the_server_refuses_to_start_with_an_unusable_key_file(tmp_path: Path, t
     )
     done = run_service("--repository", str(tiny_repository), "--api-keys", "too-short")
     assert done.returncode == 2
-    assert done.stderr.startswith("error: invalid setting api_keys: key 1 of 1 is 9 characters")
+    assert done.stderr.startswith("error: invalid setting api_keys (--api-keys): key 1 of 1 is 9 characters")
     assert done.stderr.count("\n") == 1 and "too-short" not in done.stderr
 
 
