@@ -83,6 +83,11 @@ def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) 
         raise ExportError("--eval takes labelled classes; this model has one label (a cross-encoder's score)")
     if checkpoint.task == "embedding":
         return _retrieval_set(path, checkpoint, limit)
+    if checkpoint.task in ("classification", "ner") and _starts_as_json(path):
+        raise ExportError(
+            f"--eval {path} is JSON, and a {checkpoint.task} model's --eval is {FORMATS[checkpoint.task]} "
+            f"(SQuAD JSON is a QA model's; see docs/export.md)"
+        )
     try:
         readers: dict[str, Callable[[Path, Checkpoint], list[Any]]] = {
             "classification": _read_tsv,
@@ -97,6 +102,17 @@ def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) 
     if not examples:
         raise ExportError(f"--eval {path} has no examples ({FORMATS[checkpoint.task]} expected)")
     return _encode(path, checkpoint, examples)
+
+
+def _starts_as_json(path: Path) -> bool:
+    """The file opens as a JSON object or array would (a SQuAD file given to a classifier was read as one TSV line
+    over csv's field limit, and the error said so: "field larger than field limit (131072)")."""
+    try:
+        with path.open("rb") as stream:
+            start = stream.read(256).lstrip(b"\xef\xbb\xbf \t\r\n")
+    except OSError:
+        return False
+    return start[:1] in (b"{", b"[") and start[1:2] in (b'"', b"{", b"[", b"]", b"}", b"\n", b"\r", b" ", b"\t")
 
 
 def _read_tsv(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str | None, int]]:

@@ -183,6 +183,12 @@ def test_qa_eval_reads_squad_json(tiny_checkpoint, tmp_path: Path) -> None:
             "word " * 30_000 + "\tpositive\nok\tnegative\n",
             "line 1: not a text<TAB>label line: field larger than field limit",
         ),
+        (  # a SQuAD file: it said "field larger than field limit (131072)"
+            "classification",
+            '{"data": [{"title": "t", "paragraphs": []}], "version": "1.1"}',
+            "is JSON, and a classification model's --eval is text/label TSV (SQuAD JSON is a QA model's",
+        ),
+        ("ner", '[{"tokens": ["Paris"], "tags": ["B-LOC"]}]', "is JSON, and a ner model's --eval is CoNLL"),
     ],
 )
 def test_bad_eval_data_is_a_clear_error(tiny_checkpoint, tmp_path: Path, task: str, content: str, message: str):
