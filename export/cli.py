@@ -141,6 +141,17 @@ def _left_as(args: argparse.Namespace) -> str:
     return f"the entry being built was not written; {kept}"
 
 
+def _check_flags_that_need_another(args: argparse.Namespace) -> None:
+    """A flag that does nothing without another is refused, not passed over (an empty --calibration file was taken
+    without a word where no int8 variant was asked, as --eval-limit without --eval)."""
+    if args.eval_limit is not None and args.eval_limit >= 1 and args.eval is None:  # out of range: said later
+        raise ExportError("--eval-limit limits the examples of --eval: give --eval too")
+    if args.calibration is not None and "int8" not in [part.strip() for part in args.variants.split(",")]:
+        raise ExportError(
+            f"--calibration is the text static int8 is calibrated on, and --variants {args.variants} has no int8"
+        )
+
+
 def _run(args: argparse.Namespace) -> int:
     progress = (lambda _: None) if args.quiet else (lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     notice = None
@@ -165,6 +176,7 @@ def _run(args: argparse.Namespace) -> int:
                 raise ExportError("--source and --checkpoints are for `python -m export demo`")
             if not args.name:
                 raise ExportError("--name is required: the name the model is served under")
+            _check_flags_that_need_another(args)
             from export.graph import DEFAULT_OPSET
             from export.pipeline import export_checkpoint
 

@@ -76,7 +76,7 @@ class QaExample:
 def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) -> EvalSet:
     """Read and encode the evaluation data; every problem is an ExportError that names the file (and line)."""
     if not path.is_file():
-        raise ExportError(f"--eval {path}: no such file")
+        raise ExportError(f"--eval {path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     if checkpoint.task == "classification" and checkpoint.problem_type == "multi_label_classification":
         raise ExportError("--eval supports single-label classification only (this model is multi-label)")
     if checkpoint.rerank:

@@ -88,6 +88,11 @@ def broken_checkpoints(tiny: Path, tmp_path: Path) -> dict[str, Path]:
     _edit_config(two_labels, lambda config: [config.pop("id2label"), config.pop("label2id")])
     positions = copy_checkpoint(tiny, tmp_path / "positions")
     _edit_config(positions, lambda config: config.update(max_position_embeddings=512))
+    fewer_layers = copy_checkpoint(tiny, tmp_path / "fewer-layers")  # exported without the last, validated, at chance
+    _edit_config(fewer_layers, lambda config: config.update(num_hidden_layers=config["num_hidden_layers"] - 1))
+    another_head = copy_checkpoint(tiny, tmp_path / "another-head")
+    _edit_config(another_head, lambda config: config.update(architectures=["BertForQuestionAnswering"]))
+    (tmp_path / "calibration.txt").write_text("")
     return {
         "multiple-choice": multiple_choice,
         "masked-lm": masked_lm,
@@ -95,6 +100,8 @@ def broken_checkpoints(tiny: Path, tmp_path: Path) -> dict[str, Path]:
         "empty-label": empty_label,
         "two-labels": two_labels,
         "positions": positions,
+        "fewer-layers": fewer_layers,
+        "another-head": another_head,
         "corrupt": corrupt,
         "truncated": truncated,
         "unsupported": unsupported,
@@ -153,6 +160,15 @@ CASES = [
     ("tiny", ["--opset", "0"], "--opset 0 is out of range: 14 to 20 are supported"),
     ("tiny", ["--eval-limit", "-2"], "--eval-limit -2 is out of range: give the number of examples to use, 1 or more"),
     ("tiny", ["--eval-limit", "0"], "--eval-limit 0 is out of range"),
+    ("fewer-layers", [], "does not match its weights: they hold trained layers its model does not use (bert.encoder"),
+    (
+        "another-head",
+        [],
+        "lacks trained weights for part of the qa model (qa_outputs.bias, qa_outputs.weight): export a checkpoint "
+        "fine-tuned for this task; its weights hold parts this model has not (classifier.bias, classifier.weight, ",
+    ),
+    ("tiny", ["--eval-limit", "5"], "--eval-limit limits the examples of --eval: give --eval too"),
+    ("tiny", ["--variants", "fp32", "--calibration", "CALIBRATION"], "--variants fp32 has no int8"),
 ]
 
 
@@ -164,6 +180,7 @@ def test_bad_input_is_one_line_and_leaves_repository_alone(
     paths = {"tiny": tiny, **broken_checkpoints(tiny, tmp_path)}
     before = snapshot(repository)
     target = str(paths.get(source, source))
+    extra = [str(tmp_path / "calibration.txt") if arg == "CALIBRATION" else arg for arg in extra]
     code = main([target, "--name", "existing", "--repository", str(repository), "--quiet", *extra])
     err = capsys.readouterr().err.strip()
     assert code == 1
@@ -305,3 +322,18 @@ def test_ctrl_c_mid_demo_says_which_entries_it_kept(tmp_path: Path) -> None:
     )
     assert "Traceback" not in err
     assert sorted(path.name for path in repository.iterdir()) == ["demo-sentiment"]
+
+
+def test_the_stored_dtype_is_read_from_the_weights_where_the_config_names_none(tmp_path: Path) -> None:
+    """sentence-transformers' configs name no dtype: the summary said "stored unknown"."""
+    import torch
+    from safetensors.torch import save_file
+
+    from export.checkpoint import _weights_dtype
+
+    tensors = {"a": torch.zeros(4, dtype=torch.float16), "b": torch.zeros(2, dtype=torch.float16)}
+    save_file({**tensors, "ids": torch.zeros(3, dtype=torch.int64)}, str(tmp_path / "model.safetensors"))
+    assert _weights_dtype(tmp_path) == "float16"
+    assert _weights_dtype(tmp_path / "none") is None
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 16)  # a broken header: unknown, no error
+    assert _weights_dtype(tmp_path) is None
