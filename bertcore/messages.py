@@ -10,8 +10,8 @@ def one_line(exc: BaseException, limit: int = 300, hide: str | Path | None = Non
     such as where the model repository sits on disk) taken out."""
     lines = str(exc).strip().splitlines()
     line = lines[0] if lines else ""
-    if hide is not None:
-        line = line.replace(str(hide), "")
+    if hide is not None:  # a path under it reads as relative to it ("entry/model.fp32.onnx"), not as "/entry/..."
+        line = line.replace(str(hide).rstrip("/") + "/", "").replace(str(hide), "").strip()
     line = cut(line, limit)
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
