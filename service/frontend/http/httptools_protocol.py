@@ -20,7 +20,6 @@ connection for ever; nor any limit on the request line or the headers. Per conne
 - limits: a request target over `max_url_bytes` is a 414, headers over `max_header_bytes` a 431, anything
   httptools cannot parse a 400; each with the one error body (`service.frontend.http.errors`), `x-request-id`, a warning
   and an access line, and the connection closed.
-
 - lingering close (RFC 9112 §9.6): an answer given before its request's body has all arrived (a 429 or a 401 at
   the door, which reads no body it refuses; a 413) closes the connection, and a socket closed with bytes unread
   answers the client's next segment with a reset, which drops what the client had not read yet: a client still
@@ -357,7 +356,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     # --- refusals -------------------------------------------------------------------------------------------
     def _refuse(self, error: ServiceError) -> None:
-        """Answer `error` with the JSON body and close: the rest of what the client sends is not read."""
+        """Answer `error` with the JSON body and close (lingering where its body is still coming: `_linger`)."""
         self._disarm()
         cycle = self.cycle
         if self.transport.is_closing():
