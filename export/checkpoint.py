@@ -273,6 +273,12 @@ def _head_of(class_name: str) -> str:
 LAYER_KEY = re.compile(r"^(.*?\.(?:layer|layers)\.\d+)\.")
 
 
+def _first_few(items: list[str], separator: str, count: int = 3) -> str:
+    """The first `count` items joined, and how many more there are."""
+    more = f" (and {len(items) - count} more)" if len(items) > count else ""
+    return separator.join(items[:count]) + more
+
+
 def _natural(name: str) -> list[Any]:
     """Sorted as people count: layer.10 after layer.9."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
@@ -312,10 +318,9 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
     )
     mismatched = sorted(info.get("mismatched_keys", ()), key=str)
     if mismatched:
-        shown = "; ".join(_mismatch(entry) for entry in mismatched[:3])
-        more = f" (and {len(mismatched) - 3} more)" if len(mismatched) > 3 else ""
+        shown = _first_few([_mismatch(entry) for entry in mismatched], "; ")
         raise ExportError(
-            f"config.json of {source} does not match its weights: {shown}{more}; "
+            f"config.json of {source} does not match its weights: {shown}; "
             "its labels or sizes (id2label, max_position_embeddings, ...) do not describe these weights"
         )
     unexpected = sorted(info.get("unexpected_keys", ()))
@@ -340,9 +345,7 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
     if unused_layers:
         # a config with fewer layers than the weights: transformers drops the rest, and validation, against a
         # PyTorch model of the same config, passes; the entry answered at chance (SST-2: 0.495 of 200, measured)
-        shown = ", ".join(unused_layers[:3]) + (
-            f" (and {len(unused_layers) - 3} more)" if len(unused_layers) > 3 else ""
-        )
+        shown = _first_few(unused_layers, ", ")
         raise ExportError(
             f"config.json of {source} does not match its weights: they hold trained layers its model does not use "
             f"({shown}); its num_hidden_layers (or n_layers) is fewer than the weights' layers"
