@@ -460,6 +460,15 @@ def _classify_count(server, status: int) -> float:
     return float(line.split()[-1]) if line else 0.0
 
 
+def _ner_tokens_run(server) -> float:
+    """The real tokens bert-ner has run, from the metrics."""
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        text = client.get("/metrics").text
+    series = 'bertserve_batch_real_tokens_total{model="bert-ner"} '
+    line = next((line for line in text.splitlines() if line.startswith(series)), None)
+    return float(line.split()[-1]) if line else 0.0
+
+
 def leave_mid_body(server, extra_header: str = "") -> tuple[float, float]:
     """A classify request that sends part of its body and leaves; (500s, 499s) counted before, once it is counted."""
     before = _classify_count(server, 500), _classify_count(server, 499)
@@ -514,11 +523,11 @@ SEND_TIMEOUT_S = 3.0
 
 @pytest.mark.parametrize("lane", ["gateway", "cors"])
 def test_a_client_that_reads_none_of_its_answers_is_cut_and_holds_no_admission(tiny_repository, server_factory, lane):
-    """A client sends large requests, pipelined, and reads none of the answers: the first answer's write waits on
-    it once the socket's buffers are full. uvicorn waited for ever, and the request held its admission all along
-    (its time in flight growing: the gate cut its share for every other client, to its floor). The gate lets go
-    when the answer starts; the connection is cut after --send-timeout-s. (An Origin header takes the request
-    through the CORS lane's middleware instead of the gateway.)"""
+    """A client sends large requests, pipelined, and reads none of the answers: the first answer fills the socket's
+    buffers, and the second's write waits on the client. uvicorn waited for ever, and that request held its
+    admission all along (its time in flight growing: the gate cut its share for every other client, to its floor).
+    The gate lets go when the answer starts; the connection is cut after --send-timeout-s. (An Origin header takes
+    the request through the CORS lane's middleware instead of the gateway.)"""
     origin = "http://app.example"
     cors = ("--cors-allow-origins", origin) if lane == "cors" else ()
     server = server_factory(tiny_repository, "--models", "bert-ner,bert-classification", "--send-timeout-s", "3", *cors)
@@ -527,6 +536,12 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_and_holds_no_admission(t
     head = "POST /v1/models/bert-ner/ner HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     head += f"Origin: {origin}\r\n" if lane == "cors" else ""
     request = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    # one such request read in full first: the tokens the model runs for one (the metrics count them)
+    json_type = {"content-type": "application/json"}
+    before = _ner_tokens_run(server)  # a warm-up's few, where the server ran one
+    assert httpx.post(server.url + "/v1/models/bert-ner/ner", content=body, headers=json_type, timeout=60).is_success
+    read_first = _ner_tokens_run(server)
+    once = read_first - before
     with socket.create_connection(address(server)) as client:
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.sendall(request * 3)
@@ -537,9 +552,12 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_and_holds_no_admission(t
                 return bool(client.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
             return False
 
-        # the first answer under way (its work done: what is in flight now is the write alone), then written as far
-        # as the buffers take it; a fixed second had other clients meet the NER itself at the gate on a loaded machine
+        # the first answer under way, and the second request's work done (the model has run its tokens twice more
+        # since the request read first):
+        # what is in flight now is the second answer's write alone. A fixed second after the first answer had other
+        # clients meet the second NER itself at the gate on a loaded machine (3 s of work to the door, rightly 429)
         assert wait_for(answer_begun, timeout=60)
+        assert wait_for(lambda: _ner_tokens_run(server) >= read_first + 2 * once, timeout=60)
         time.sleep(0.5)
         with httpx.Client(base_url=server.url, timeout=30) as other:
             # one at a time, so each is alone in flight but for the stuck one: it held the gate, cut to its floor
