@@ -257,9 +257,18 @@ class HttpProtocol(HttpToolsProtocol):
             )
             raise _Refused
         hosts = types = 0
-        for name, _ in self.headers:
-            hosts += name == b"host"
-            types += name == b"content-type"
+        codings: list[bytes] | None = None  # the transfer codings in order, every Transfer-Encoding header's list
+        framed = False  # a Content-Length or Transfer-Encoding header: a body to wait for
+        for name, value in self.headers:  # one pass over the headers for every check below
+            if name == b"host":
+                hosts += 1
+            elif name == b"content-type":
+                types += 1
+            elif name == b"content-length":
+                framed = True
+            elif name == b"transfer-encoding":
+                framed = True
+                codings = (codings or []) + [part.strip().lower() for part in value.split(b",")]
         if types > 1:  # a field of one value (RFC 9110 8.3): the last had been read, a proxy may read the first
             self._refusal = BadRequest("the request has two Content-Type headers: send one")
             raise _Refused
@@ -270,7 +279,7 @@ class HttpProtocol(HttpToolsProtocol):
                 f"an HTTP/1.1 request has one Host header (RFC 9112 3.2): this one has {hosts or 'none'}"
             )
             raise _Refused
-        if (codings := self._transfer_codings()) is not None and codings != [b"chunked"]:
+        if codings is not None and codings != [b"chunked"]:
             # httptools frames a "gzip, chunked" body by its chunks and passes the gzip on as the body
             shown = b", ".join(codings).decode("latin-1")[:60]
             self._refusal = UnknownTransferCoding(
@@ -280,17 +289,8 @@ class HttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self.scope[SCOPE_ON_DISCONNECT] = []  # type: ignore[literal-required]
         queued = bool(self.pipeline)  # behind a request still being answered: its body is not read yet
-        if not queued and any(name in (b"content-length", b"transfer-encoding") for name, _ in self.headers):
+        if not queued and framed:
             self._arm(self.limits.body_timeout_s, self._body_timeout)
-
-    def _transfer_codings(self) -> list[bytes] | None:
-        """The request's transfer codings in order (every Transfer-Encoding header's list), or None where it has
-        none."""
-        codings = None
-        for name, value in self.headers:
-            if name == b"transfer-encoding":
-                codings = (codings or []) + [part.strip().lower() for part in value.split(b",")]
-        return codings
 
     def _declares_body(self) -> bool:
         for name, value in self.headers:
