@@ -163,6 +163,11 @@ class AdmissionGate:
         # before its first request, does: a model's gate may be made at the model's first request, and one answer in its
         # first second is not a rate (a long request's tokens in that second would stand for all it can do).
         self._past: deque[float] = deque([0.0] * history if idle else [], maxlen=history)
+        # The time with work in flight, in the current second (`_busy`, counted up to `_busy_mark`) and in each of the
+        # last whole seconds: whether the rate was measured under load (`_rate_measured`).
+        self._busy = 0.0
+        self._busy_mark = clock()
+        self._busy_past: deque[float] = deque([0.0] * history if idle else [], maxlen=history)
 
     def rate(self) -> float:
         """Tokens finished a second over the last whole seconds (or the current one, while there are none)."""
@@ -208,6 +213,7 @@ class AdmissionGate:
         if claimant:
             self.claim = 0.0
         self._roll()
+        self._accrue()
         self.in_flight += 1
         self.tokens_in_flight += tokens
         self._had_work = True
@@ -226,6 +232,7 @@ class AdmissionGate:
 
     def leave(self, tokens: float, completed: bool) -> None:
         self._roll()
+        self._accrue()
         self.in_flight -= 1
         self.tokens_in_flight = max(0.0, self.tokens_in_flight - tokens) if self.in_flight else 0.0
         if completed:
@@ -261,19 +268,34 @@ class AdmissionGate:
         self.on_scale(scale)
 
     def expected_wait_s(self) -> float | None:
-        """Mean time the work in flight now should take (Little's law); None before a rate is measured."""
+        """Mean time the work in flight now should take (Little's law); None before a rate is measured under load
+        (`_rate_measured`)."""
         rate = self.rate()
-        return self.tokens_in_flight / rate if rate else None
+        return self.tokens_in_flight / rate if rate and self._rate_measured() else None
 
     def retry_after_s(self) -> int:
         """A hint for the client: about when the request refused last would fit, as the work in flight now is done
-        at the recent rate (1 s where no rate is known yet: one is, a second from now); not when all that work is
-        done, which is later by up to the limit's own time (40% of the bound) less the request's."""
+        at the recent rate (1 s where no rate is measured under load yet: one is, a second from now); not when all
+        that work is done, which is later by up to the limit's own time (40% of the bound) less the request's."""
         rate = self.rate()
-        if rate <= 0:
+        if rate <= 0 or not self._rate_measured():
             return 1
         excess = self.tokens_in_flight + self._refused_needing - self.limit()
         return max(1, min(30, math.ceil(excess / rate)))
+
+    def _rate_measured(self) -> bool:
+        """Whether the rate says how fast the server finishes work: measured over seconds that had work in flight
+        for half their time at least, or from one full batch of tokens (`floor_tokens`). A few requests in a quiet
+        spell finish few tokens a second because few came, not because the server is slow: two one-sentence
+        requests in the 3 s before a burst of 64-row requests put the burst's work at 41,984 s in the 429's message
+        and its Retry-After at the cap (30 s), where the work took about 2 s."""
+        self._roll()
+        self._accrue()
+        if self._past:
+            tokens, busy, seconds = sum(self._past), sum(self._busy_past), float(len(self._past))
+        else:
+            tokens, busy, seconds = self._current, self._busy, self.clock() - self._second
+        return tokens >= self.floor_tokens or busy >= 0.5 * seconds
 
     def refusal(self) -> str:
         """Why a request is refused now, for the 429's message."""
@@ -281,8 +303,8 @@ class AdmissionGate:
         if wait is None:
             return (
                 f"{self.subject} is at capacity: {self.in_flight} requests in flight, "
-                f"{self.tokens_in_flight:.0f} tokens, the most it admits before it has measured its speed (a cold or "
-                f"idle server); retry shortly"
+                f"{self.tokens_in_flight:.0f} tokens, the most it admits before it has measured its speed under load "
+                f"(a cold or idle server); retry shortly"
             )
         slow = (
             f" (answers lately took longer than that: it admits {self.scale:.0%} of its usual share)"
@@ -312,9 +334,21 @@ class AdmissionGate:
             self._set_scale(min(1.0, self.scale * GROWTH**seconds))
         self._slowest, self._had_work = 0.0, self.in_flight > 0
         self._past.append(self._current)
+        self._accrue(until=self._second + 1.0)  # the second that closes: its busy time to its end
+        self._busy_past.append(self._busy)
         for _ in range(min(now - self._second - 1, self._past.maxlen or 0)):
             self._past.append(0.0)  # whole seconds with nothing finished
+            self._busy_past.append(1.0 if self.in_flight else 0.0)  # nothing entered or left: busy all or none of it
         self._second, self._current = now, 0.0
+        self._busy, self._busy_mark = 0.0, float(now)
+
+    def _accrue(self, until: float | None = None) -> None:
+        """The current second's busy time, up to now (or `until`): the time since the last count, where work was in
+        flight all along (nothing entered or left since: each does this first)."""
+        until = self.clock() if until is None else until
+        if self.in_flight:
+            self._busy += max(0.0, until - self._busy_mark)
+        self._busy_mark = until
 
 
 class Passage:

@@ -513,3 +513,44 @@ def test_an_idle_doors_shares_are_shown_growing_back_without_a_request() -> None
     clock.now += 60  # idle a minute
     door.tick()
     assert model_shares[-1] == ("m", 1.0)
+
+
+def test_a_rate_measured_in_a_quiet_spell_is_no_measure_of_the_work_in_flight() -> None:
+    """Two one-sentence requests, then a burst of 64-row ones: the rate of the quiet seconds (16 tokens in 3 s) put
+    the burst's work at thousands of seconds in the 429's message and its Retry-After at the cap (30 s), where the
+    server did it in about a second. A rate from seconds mostly idle, and from less than a batch of tokens, is
+    taken as no rate: the floor's message, and a second's retry."""
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=0.25, floor_tokens=16384, cold_requests=8, clock=clock, idle=True)
+    for _ in range(2):
+        admission = gate.try_enter(8)
+        assert admission is not None
+        admission.charge(8)
+        clock.now += 0.01
+        admission.leave(completed=True)
+    clock.now += 1
+    assert gate.rate() == pytest.approx(16 / 3)
+    burst = [gate.try_enter(5248) for _ in range(4)]
+    assert [admission is not None for admission in burst] == [True, True, True, False]  # a batch of tokens
+    assert gate.expected_wait_s() is None and gate.retry_after_s() == 1
+    assert "before it has measured its speed under load" in gate.refusal()
+
+
+def test_a_slow_model_busy_all_along_has_its_rate_measured_under_a_batch_of_tokens() -> None:
+    """A model that finishes fewer tokens in the window than a batch holds, with work in flight all along: its rate is
+    its speed, and the 429 says how much work is in flight and when to retry."""
+    clock = Clock()
+    gate = AdmissionGate(max_queue_s=2.0, floor_tokens=16384, cold_requests=1, clock=clock, idle=True)
+    for _ in range(16):  # 16 requests of 500 tokens, one after another, 0.25 s each: 2,000 tokens a second
+        admission = gate.try_enter(500)
+        assert admission is not None
+        admission.charge(500)
+        clock.now += 0.25
+        admission.leave(completed=True)
+    assert gate.rate() == pytest.approx(2000)
+    held = [gate.try_enter(500) for _ in range(40)]
+    admitted = [admission for admission in held if admission is not None]
+    assert 1 < len(admitted) < 40
+    assert gate.expected_wait_s() == pytest.approx(len(admitted) * 500 / 2000)
+    assert 1 <= gate.retry_after_s() <= 2
+    assert f"about {len(admitted) * 500 / 2000:.1f} s of work" in gate.refusal()
