@@ -155,7 +155,7 @@ async def service_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, exc.error_type, exc.message, exc.field, exc.headers)
 
 
-async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def validation_error(request: Request, exc: Exception) -> JSONResponse:
     """Built from exc.errors(), never str(exc); malformed JSON (or invalid UTF-8) is a 400, not a 422."""
     assert isinstance(exc, RequestValidationError)
     errors: list[dict[str, Any]] = list(exc.errors())
@@ -169,7 +169,8 @@ async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     # string or an object may also go) says nothing about what is wrong where another alternative's type matched;
     # of the rest, the deepest path is the one that says what is wrong.
     errors = [error for error in errors if not _wrong_alternative(error)] or errors
-    first = max(errors, key=lambda error: len(_field(error) or ""))
+    # deepest by the path's parts, the first of them in the body's order: "input.10" is no deeper than "input.0"
+    first = max(errors, key=lambda error: len((_field(error) or "").split(".")))
     field = _field(first)
     # A string field with constraints (QA's question and context) meets a lone surrogate in pydantic, not in the
     # server's own check: the same message either way, with the character it is at.
@@ -177,11 +178,24 @@ async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     if field and isinstance(text, str) and (surrogate := unpaired_surrogate(field, text)) is not None:
         return error_response(422, surrogate.error_type, surrogate.message, field)
     message = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request body"))
-    others = sorted({str(_field(error)) for error in errors if error is not first} - {str(field), "None"})
+    if first.get("type") == "too_long" and field in ("inputs", "input"):
+        # the schema's ceiling (MAX_INPUTS_CEILING, bounding the parse) is not the server's limit: the same message
+        # as a list over the limit and under the ceiling gets
+        limit = request.app.state.server.settings.max_inputs_per_request
+        count = first.get("ctx", {}).get("actual_length", "more")
+        message = f"{count} inputs in one request; the limit is {limit}"
+    others = sorted(
+        {str(_field(error)) for error in errors if error is not first} - {str(field), "None"}, key=_in_order
+    )
     if others:  # a few: the message is read by people, and a body of 10,000 bad inputs must not make it megabytes
         more = f" and {len(others) - MAX_OTHER_FIELDS} more" if len(others) > MAX_OTHER_FIELDS else ""
         message += f" (also: {', '.join(others[:MAX_OTHER_FIELDS])}{more})"
     return error_response(422, "validation", message, field)
+
+
+def _in_order(field: str) -> list[tuple[int, int | str]]:
+    """A field path's sort key: its list indexes as numbers (input.2 before input.10)."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in field.split(".")]
 
 
 def _field(error: dict[str, Any]) -> str | None:

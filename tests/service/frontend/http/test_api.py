@@ -379,6 +379,29 @@ def test_a_validation_error_says_what_is_wrong_not_which_alternatives_the_value_
     assert unsaid is None or unsaid not in error["error"], error["error"]
 
 
+@pytest.mark.parametrize("count", [65, 10_001])
+def test_a_list_over_the_limit_is_told_the_limit_whether_or_not_past_the_schemas_ceiling(tiny_server, count) -> None:
+    """The schema bounds a list at 10,000 items (the parse's own bound), the server at --max-inputs-per-request: a
+    list past the first said "List should have at most 10000 items", a number that is no limit of this server."""
+    with tiny_server.client() as client:
+        limit = client.get("/v1/models/bert-classification").json()["limits"]["max_inputs_per_request"]
+        response = client.post("/v1/models/bert-classification/classify", json={"inputs": ["a"] * count})
+    assert response.status_code == 422
+    assert response.json()["field"] == "inputs"
+    assert response.json()["error"] == f"{count} inputs in one request; the limit is {limit}"
+
+
+def test_the_first_of_many_bad_inputs_is_the_field_named(tiny_server) -> None:
+    """Eleven bad inputs named input 10 as the field at fault (the longest path, as a string), the others listed
+    in text order (input 1, input 10, input 2, ...)."""
+    with tiny_server.client() as client:
+        response = client.post("/v1/models/bert-classification/classify", json={"inputs": [None] * 11})
+    assert response.status_code == 422
+    error = response.json()
+    assert error["field"] == "inputs.0"
+    assert "inputs.1, inputs.2, inputs.3" in error["error"], error["error"]
+
+
 NOT_JSON = [
     # (body, in the message): each a 400 saying why and where, so a client can find the fault in what it sent
     (b'{"inputs": ["unclosed"', "Expecting ',' delimiter at line 1, column 23"),

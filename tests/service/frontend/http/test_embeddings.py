@@ -204,6 +204,7 @@ ERRORS = [
     ({"model": MODEL, "input": []}, 400, "invalid_request_error", "input", "validation"),
     ({"model": MODEL, "input": ""}, 400, "invalid_request_error", "input", "validation"),
     ({"model": MODEL, "input": ["fine", ""]}, 400, "invalid_request_error", "input.1", "validation"),
+    ({"model": MODEL, "input": [""] * 11}, 400, "invalid_request_error", "input.0", "validation"),  # not input.10
     ({"model": MODEL, "input": [[101, 2023]]}, 400, "invalid_request_error", "input", "validation"),
     ({"model": MODEL, "input": [101, 2023]}, 400, "invalid_request_error", "input", "validation"),
     ({"model": MODEL, "input": [True]}, 400, "invalid_request_error", "input.0", "validation"),
