@@ -188,6 +188,10 @@ class EngineCore:
     def _failed(self, name: str, reason: str) -> None:
         model = self.models.setdefault(name, EngineModel(name))
         model.status, model.error, model.load_error = ModelStatus.FAILED, reason, reason
+        entry = self.settings.repository / name
+        with contextlib.suppress(OSError, ValueError):  # what it failed with: polling does not load that again
+            model.failed_version = entry_version(entry)
+            model.failed_files = file_signature(entry)
         self._count_failure(name)
 
     def start(self) -> None:

@@ -168,3 +168,34 @@ def test_a_failed_load_is_over_once_the_entry_is_the_version_serving_again(tiny_
             await core.stop()
 
     asyncio.run(scenario())
+
+
+def test_polling_does_not_load_again_an_entry_that_failed_at_start_with_the_same_files(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    """An entry broken at start was loaded again by the first poll with the very files it had failed with: a second
+    error logged and counted (bertserve_model_loads_total{result="failed"} 2) for one broken export; written again,
+    it is."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    publish(repository, "a", tiny_repository / "bert-classification", corrupt=True)
+    metrics = Metrics()
+
+    def failures() -> float:
+        return metrics.model_loads.labels("a", "failed")._value.get()
+
+    async def scenario() -> None:
+        core = EngineCore(poll_settings(repository), metrics)
+        try:
+            core.load()
+            assert core.models["a"].status == "failed" and failures() == 1
+            await core.poll_once()
+            assert failures() == 1  # the same files: not again
+            publish(repository, "a", tiny_repository / "bert-classification")  # mended
+            await core.poll_once()
+            await offered(core, "a", None)
+            assert core.models["a"].status == "ready" and failures() == 1
+        finally:
+            await core.stop()
+
+    asyncio.run(scenario())
