@@ -117,7 +117,11 @@ class ServerState:
             return
         if served.version == version and served.retired_at is None:  # not unloaded meanwhile: judged here already
             if served.self_tested and served.error is None:
-                served.offer = offer  # served; loaded again by the engine (a restart) it is served as it was
+                if served.offer != offer:  # loaded again by the engine (a restart): served as it was, and said so
+                    # (this front-end's word at reconnection came before the new engine had it loaded: the engine
+                    # counts a version's load when a front-end uses it, and the failure gauge stayed 1 for good)
+                    served.offer = offer
+                    registry.announce(name)
                 return
             if served.error is not None and served.offer == offer:
                 return  # this very load failed here (loaded again, it is judged again)

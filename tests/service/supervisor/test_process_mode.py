@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -415,3 +416,39 @@ def test_a_restarted_engine_serves_the_models_the_repository_api_had_loaded(
     assert httpx.post(server.url + "/v1/models/b/classify", json=classify, timeout=30).status_code == 200
     assert httpx.post(server.url + "/v1/models/a/classify", json=classify, timeout=30).status_code == 404
     assert "engine: restarted: loading the models loaded before: b" in server.log()
+
+
+def test_the_version_served_before_an_engine_crash_put_back_clears_the_failure_metrics(
+    tiny_repository: Path, tmp_path: Path, server_factory
+) -> None:
+    """An engine restarted over a broken entry fails the model; the export that served before, put back, serves
+    again, and the metrics said so no more: bertserve_model_load_failed stayed 1 (the alert firing for a model that
+    serves), its load was not counted and it had no bertserve_model_version_info. The front-end, serving that very
+    version still, never told the new engine it used it: the engine counts a load at a front-end's word."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    publish(repository, "a", tiny_repository / "bert-classification")
+    serving = tmp_path / "serving-a"
+    shutil.copytree(repository / "a", serving)
+    server = server_factory(
+        repository,
+        *("--engine-mode", "process", "--frontends", "1", "--model-control", "poll", "--repository-poll-s", "0.5"),
+    )
+    version = httpx.get(server.url + "/v1/models/a").json()["version"]
+    publish(repository, "a", tiny_repository / "bert-classification", corrupt=True)
+    assert wait_for(lambda: "failed to load" in server.log(), timeout=30)
+    os.kill(engine_pids(server.log())[-1], signal.SIGKILL)
+    assert wait_for(lambda: len(engine_pids(server.log())) == 2, timeout=30)
+    assert wait_for(lambda: httpx.get(server.url + "/v1/models/a").json()["status"] == "failed", timeout=60)
+    shutil.rmtree(repository / "a")
+    shutil.copytree(serving, repository / "a")  # the export that served, back
+    classify = {"inputs": ["fine"]}
+    assert wait_for(lambda: httpx.post(server.url + "/v1/models/a/classify", json=classify).status_code == 200, 60)
+
+    def settled() -> bool:
+        return (
+            metric(server, "bertserve_model_load_failed", model="a") == 0
+            and metric(server, "bertserve_model_version_info", model="a", version=version) == 1
+        )
+
+    assert wait_for(settled, timeout=30), httpx.get(server.url + "/metrics").text
