@@ -415,6 +415,9 @@ def test_huggingface_hubs_sentence_similarity(embed_server: Server, reference, s
     assert np.allclose(got, want, rtol=0, atol=SIMILARITY), (got, want)
     assert raw.status_code == 200 and raw.headers["x-rows"] == str(len(others) + 1), raw.text
     assert np.allclose(raw.json(), got[::-1], rtol=0, atol=1e-6)
+    # a text and itself: 1 at most (float32 vectors' dot product in float64 gave 1.00000006 for some)
+    itself = [hf_sentence_similarity(url, text, [text])[0] for text in sentences[:16]]
+    assert all(0.9999 < score <= 1.0 for score in itself), itself
 
 
 SIMILARITY_ERRORS = [
