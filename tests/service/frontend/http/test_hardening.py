@@ -182,6 +182,25 @@ def test_a_slow_body_gets_408_and_one_access_line(hardened) -> None:
     assert (line["status"], line["path"], line["model"]) == (408, CLASSIFY, "bert-classification")
 
 
+def test_a_kept_alive_connections_next_head_has_its_own_deadline(hardened) -> None:
+    """The header timeout of a second request on a connection counts from that request's first byte, not from the
+    connection's opening nor from the first request's (one timer per connection now, moved as requests come)."""
+    with socket.create_connection(address(hardened)) as client:
+        client.settimeout(10)
+        client.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert client.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(KEEPALIVE_S / 2)
+        client.sendall(b"GET /livez HTTP/1.1\r\nHo")  # a second head, cut short
+        started = time.monotonic()
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := client.recv(65536):
+                received += chunk
+        seconds = time.monotonic() - started
+    assert_error(received, 408, "request_timeout")
+    assert HEADER_TIMEOUT_S - 0.05 <= seconds <= HEADER_TIMEOUT_S + 1.0, seconds
+
+
 def test_idle_keep_alive_connections_are_closed(hardened) -> None:
     response, seconds = exchange(hardened, b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
     assert parse(response)[0] == 200
