@@ -209,6 +209,12 @@ class RemoteEngine:
         except _ReplyLate:
             self._cancel(request_id)
             raise DeadlineExceeded(f"the request was not answered within its deadline (model {model})") from None
+        except asyncio.CancelledError:
+            # the caller's task cancelled (a gRPC call the client cancelled): the engine drops its rows not run yet.
+            # The ticket's own cancel comes after this returns, when the request is no longer pending here: its
+            # rows ran all the same (HTTP's disconnect cancels the ticket while this still waits)
+            self._cancel(request_id)
+            raise
         finally:
             timer.cancel()
             self._pending.pop(request_id, None)

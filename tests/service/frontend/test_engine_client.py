@@ -147,6 +147,29 @@ def test_a_request_the_engine_never_answers_fails_at_its_deadline_and_is_cancell
     assert received.count("infer") == 1 and received.index("cancel") > received.index("infer")
 
 
+def test_a_request_whose_task_is_cancelled_is_cancelled_at_the_engine(tmp_path: Path) -> None:
+    """A gRPC call the client cancels cancels its handler's task; the ticket is cancelled after the engine client
+    has given the request up, so the engine was never told, and ran every row still queued (a probe cancelled 7
+    calls of 16 rows: all 112 rows ran after the cancel, and held the model's queue meanwhile)."""
+
+    async def scenario() -> list[str]:
+        async with FakeEngineSocket(tmp_path / "engine.sock") as fake:
+            engine = RemoteEngine(fake.path, silence_s=30)
+            await connected(engine)
+            rows = [Row(np.array([101, 7, 102]), np.zeros(3, dtype=np.int64))]
+            call = asyncio.create_task(engine.infer("m", rows, Ticket.with_timeout(30)))
+            assert await wait_for_async(lambda: "infer" in fake.received, timeout=5, every_s=0.02)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert await wait_for_async(lambda: "cancel" in fake.received, timeout=5, every_s=0.02)
+            await engine.stop()
+            return fake.received
+
+    received = asyncio.run(scenario())
+    assert received.count("cancel") == 1 and received.index("cancel") > received.index("infer")
+
+
 def test_a_request_that_cannot_be_framed_leaves_nothing_in_flight(tmp_path: Path) -> None:
     """No rows make no frame (an adapter that let an empty tensor through once got a 500 here): the error is
     raised before the request counts as in flight, so nothing waits for a reply that cannot come, and the engine
