@@ -12,7 +12,8 @@ A thin adapter over the one RequestPipeline, as the REST routes are: what the te
 - the deadline: the call's own, where it is shorter than --request-timeout-s, bounds the request's Ticket; a call
   that the client cancels (or whose deadline passes) cancels its rows;
 - the request id (`x-request-id` metadata, or a new one; sent back in the initial metadata), the access line and
-  the request metrics (endpoint `grpc-infer`, the status as its HTTP equivalent).
+  the request metrics (endpoint `grpc-infer`, and `grpc-info` for ModelMetadata and ModelReady; the status as
+  its HTTP equivalent).
 Errors are the domain errors, as gRPC codes by `service.frontend.grpc.status`.
 """
 
@@ -67,6 +68,7 @@ logging.getLogger("grpc._cython.cygrpc").addFilter(ClientMetadataNoise())
 SERVICE = "inference.GRPCInferenceService"
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # the probes: open as /livez and /readyz are
 INFER_ENDPOINT = "grpc-infer"  # the request metrics' endpoint label
+INFO_ENDPOINT = "grpc-info"  # ... of ModelMetadata and ModelReady, the calls about one model (REST's "info")
 # The longest error message sent: it travels in a trailer, and clients refuse trailers past 8-16 KB (tritonclient
 # then reports RESOURCE_EXHAUSTED instead of the error); the messages quote clients' values cut short already
 MAX_MESSAGE_CHARS = 2000
@@ -283,14 +285,19 @@ class Call:
             raise Unauthorized("the API key is not valid")
 
     def _record(self, request: Any, context: grpc.aio.ServicerContext, status: int, seconds: float, rid: str) -> None:
-        model = None
+        """The access line, and the request metrics for the calls about a model, as REST counts its /v2/models/
+        paths (a 401 or a 404 too); the server's own calls (live, ready, metadata) are not counted, as REST's are
+        not."""
+        model = endpoint = None
         if self.name == "ModelInfer":  # one whose message could not be read (None) is the unknown model's
-            model = "" if request is None else request.model_name
-        if model is not None:
+            model, endpoint = ("" if request is None else request.model_name), INFER_ENDPOINT
+        elif self.name in ("ModelMetadata", "ModelReady"):
+            model, endpoint = ("" if request is None else request.name), INFO_ENDPOINT
+        if model is not None and endpoint is not None:
             metrics = self.state.metrics
             label = model if model in self.state.registry.models else "unknown"  # bounded label values
-            metrics.requests.labels(label, INFER_ENDPOINT, str(status)).inc()
-            metrics.request_duration.labels(label, INFER_ENDPOINT).observe(seconds)
+            metrics.requests.labels(label, endpoint, str(status)).inc()
+            metrics.request_duration.labels(label, endpoint).observe(seconds)
         if access_log.isEnabledFor(logging.INFO):
             log_access(rid, "POST", self.path, status, seconds, _client(context.peer()), model=model or None)
 

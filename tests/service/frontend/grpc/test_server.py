@@ -248,6 +248,32 @@ def test_keys_are_required_but_not_by_the_probes(strict_oip_server) -> None:
         assert client.get("/v2/models/bert-qa", headers={"authorization": f"Bearer {API_KEY}"}).status_code == 200
 
 
+def test_the_calls_about_a_model_are_counted_as_rests_are(strict_oip_server) -> None:
+    """ModelMetadata and ModelReady were counted nowhere, a 401 or a 404 included, where REST counts GET
+    /v2/models/{name} (endpoint info): after a key's rotation, the gRPC clients left on the old key did not show.
+    A call refused for its key is the unknown model's (its message is not read), as ModelInfer's is."""
+
+    def counted(model: str, status: str) -> float:
+        auth = {"authorization": f"Bearer {API_KEY}"}
+        text = httpx.get(f"{strict_oip_server.http.url}/metrics", headers=auth, timeout=10).text
+        series = f'bertserve_requests_total{{endpoint="grpc-info",model="{model}",status="{status}"}} '
+        return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(series)), 0.0)
+
+    before = counted("bert-qa", "200"), counted("unknown", "401"), counted("unknown", "404")
+    with grpc.insecure_channel(strict_oip_server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ModelMetadata(pb.ModelMetadataRequest(name="bert-qa"), metadata=AUTH, timeout=10).name == "bert-qa"
+        assert stub.ModelReady(pb.ModelReadyRequest(name="bert-qa"), metadata=AUTH, timeout=10).ready
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelMetadata(pb.ModelMetadataRequest(name="bert-qa"), timeout=10)
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelMetadata(pb.ModelMetadataRequest(name="no-such-model"), metadata=AUTH, timeout=10)
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND
+    after = counted("bert-qa", "200"), counted("unknown", "401"), counted("unknown", "404")
+    assert [b - a for a, b in zip(before, after, strict=True)] == [2, 1, 1]
+
+
 def test_a_passed_deadline_is_deadline_exceeded(oip_server) -> None:
     # within --max-qa-windows (1,536 windows a request), and far more than 50 ms of work
     long = raw_request("bert-qa", "question", [b"Where is it?"] * 16)
