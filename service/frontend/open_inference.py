@@ -200,7 +200,7 @@ def texts_of(tensor: InputTensor, pipeline: RequestPipeline) -> list[str]:
     if tensor.datatype != "BYTES":
         raise BadRequest(f"input {tensor.name}: datatype {tensor.datatype[:20]!r}; it takes BYTES (UTF-8 text)")
     count = count_of(tensor)
-    pipeline.check_count(count)
+    pipeline.check_count(count, tensor.name)  # the field is the tensor: "inputs.1" would name a second one
     if tensor.raw is not None:
         elements: Sequence[Any] = decode_raw(tensor.raw, count, tensor.name)
     else:
@@ -223,6 +223,9 @@ def texts_of(tensor: InputTensor, pipeline: RequestPipeline) -> list[str]:
             texts.append(element)
         else:
             raise BadRequest(f"input {tensor.name}, element {i}: a {type(element).__name__}; BYTES elements are text")
+    # the limits on each text, named as this protocol names an element (the pipeline's own check names the native
+    # API's field, inputs.{i}, which in a v2 body is another tensor)
+    pipeline.check_texts([(f"{tensor.name}.{i}", text) for i, text in enumerate(texts)])
     return texts
 
 

@@ -226,6 +226,25 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("model", "tensors", "field"),
+    [
+        ("bert-classification", {"text": ["fine", "x" * 20_001]}, "text.1"),
+        ("bert-ner", {"text": ["fine", "x" * 20_001]}, "text.1"),
+        ("bert-qa", {"question": ["q", "q"], "context": ["c", "x" * 20_001]}, "context.1"),
+    ],
+)
+def test_a_text_over_the_limit_is_named_as_the_protocol_names_it(oip_server, model, tensors, field) -> None:
+    """A v2 text over --max-chars-per-input was "inputs.1 has 20001 characters" (the native API's path), which in a
+    v2 body names a second tensor: it is the tensor's element."""
+    inputs = [{"name": name, "shape": [len(data)], "datatype": "BYTES", "data": data} for name, data in tensors.items()]
+    with oip_server.http.client() as client:
+        response = client.post(f"/v2/models/{model}/infer", json={"inputs": inputs})
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == field
+    assert response.json()["error"].startswith(f"{field} has 20001 characters; the limit is 20000")
+
+
 @pytest.mark.parametrize(("model", "body", "status", "words"), BAD)
 def test_bad_input_gets_the_protocol_error(oip_server, model: str, body: dict, status: int, words: str) -> None:
     with oip_server.http.client() as client:
