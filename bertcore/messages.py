@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -27,3 +28,9 @@ def shown(value: object, limit: int = 60) -> str:
     (tritonclient then reports RESOURCE_EXHAUSTED, not the error), and a log line or an HTTP body has no use for
     20,000 characters of it either."""
     return cut(repr(value), limit)
+
+
+def natural_order(name: str) -> list[str | int]:
+    """A sort key for names as people count them: layer.10 after layer.9, inputs.10 after inputs.2 (strings and
+    numbers alternate, so two keys always compare)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]

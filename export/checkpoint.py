@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from bertcore.messages import cut, one_line
+from bertcore.messages import cut, natural_order, one_line
 from export.architectures import ARCHITECTURES, Architecture, Task, supported_summary, task_of_architecture
 from export.embedding import (
     EmbeddingHead,
@@ -273,15 +273,10 @@ def _head_of(class_name: str) -> str:
 LAYER_KEY = re.compile(r"^(.*?\.(?:layer|layers)\.\d+)\.")
 
 
-def _first_few(items: list[str], separator: str, count: int = 3) -> str:
-    """The first `count` items joined, and how many more there are."""
-    more = f" (and {len(items) - count} more)" if len(items) > count else ""
+def _first_few(items: list[str], separator: str, count: int = 3, more_of: str = "") -> str:
+    """The first `count` items joined, and how many more there are (of `more_of`: "tensors")."""
+    more = f" (and {len(items) - count} more{' ' + more_of if more_of else ''})" if len(items) > count else ""
     return separator.join(items[:count]) + more
-
-
-def _natural(name: str) -> list[Any]:
-    """Sorted as people count: layer.10 after layer.9."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
@@ -341,7 +336,7 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
             f"{source} lacks trained weights for part of the {task} model ({shown}): "
             f"export a checkpoint fine-tuned for this task{hint}"
         )
-    unused_layers = sorted({found.group(1) for key in unexpected if (found := LAYER_KEY.match(key))}, key=_natural)
+    unused_layers = sorted({found.group(1) for key in unexpected if (found := LAYER_KEY.match(key))}, key=natural_order)
     if unused_layers:
         # a config with fewer layers than the weights: transformers drops the rest, and validation, against a
         # PyTorch model of the same config, passes; the entry answered at chance (SST-2: 0.495 of 200, measured)
@@ -365,9 +360,8 @@ def _check_finite(model: Any, source: str) -> None:
         if tensor.is_floating_point() and (bad := int((~torch.isfinite(tensor)).sum())):
             broken.append(f"{name} ({bad} values)")
     if broken:
-        more = f" (and {len(broken) - 3} more tensors)" if len(broken) > 3 else ""
         raise ExportError(
-            f"the weights of {source} hold NaN or infinite values: {', '.join(broken[:3])}{more}; "
+            f"the weights of {source} hold NaN or infinite values: {_first_few(broken, ', ', more_of='tensors')}; "
             "the checkpoint is corrupt or its training diverged"
         )
 

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from bertcore.messages import natural_order
 from service.errors import CLIENT_CLOSED, ServiceError, unpaired_surrogate
 from service.frontend.http import schemas
 from service.frontend.http.traces import SCOPE_ERROR_TYPE
@@ -185,17 +186,12 @@ async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         count = first.get("ctx", {}).get("actual_length", "more")
         message = f"{count} inputs in one request; the limit is {limit}"
     others = sorted(
-        {str(_field(error)) for error in errors if error is not first} - {str(field), "None"}, key=_in_order
+        {str(_field(error)) for error in errors if error is not first} - {str(field), "None"}, key=natural_order
     )
     if others:  # a few: the message is read by people, and a body of 10,000 bad inputs must not make it megabytes
         more = f" and {len(others) - MAX_OTHER_FIELDS} more" if len(others) > MAX_OTHER_FIELDS else ""
         message += f" (also: {', '.join(others[:MAX_OTHER_FIELDS])}{more})"
     return error_response(422, "validation", message, field)
-
-
-def _in_order(field: str) -> list[tuple[int, int | str]]:
-    """A field path's sort key: its list indexes as numbers (input.2 before input.10)."""
-    return [(0, int(part)) if part.isdigit() else (1, part) for part in field.split(".")]
 
 
 def _field(error: dict[str, Any]) -> str | None:
