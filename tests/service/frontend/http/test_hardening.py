@@ -21,6 +21,7 @@ import pytest
 from service.frontend.http.middleware import RequestContextMiddleware
 from service.logs import TEXT_FORMAT, RequestIdFilter
 from tests.service.conftest import wait_for
+from tests.service.test_scheduling import metric
 
 CLASSIFY = "/v1/models/bert-classification/classify"
 HEADER_TIMEOUT_S = 1.0
@@ -481,11 +482,7 @@ def _classify_count(server, status: int) -> float:
 
 def _ner_tokens_run(server) -> float:
     """The real tokens bert-ner has run, from the metrics."""
-    with httpx.Client(base_url=server.url, timeout=10) as client:
-        text = client.get("/metrics").text
-    series = 'bertserve_batch_real_tokens_total{model="bert-ner"} '
-    line = next((line for line in text.splitlines() if line.startswith(series)), None)
-    return float(line.split()[-1]) if line else 0.0
+    return metric(server, "bertserve_batch_real_tokens_total", model="bert-ner")
 
 
 def leave_mid_body(server, extra_header: str = "") -> tuple[float, float]:
