@@ -145,12 +145,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # One deadline at a time (the head's, the body's, a linger's: `_arm`), and one timer that looks at it when it
-        # fires: a deadline moved later, as every request on a kept-alive connection moves it, costs no timer.
-        self._deadline: float | None = None  # the loop's time past which `_on_deadline` runs
-        self._on_deadline: Callable[[], Any] = lambda: None
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
         self._send_timer: asyncio.TimerHandle | None = None  # armed while the transport's writing is paused
         self._in_head = True  # the next bytes are a request's line and headers
         self._head_bytes = 0  # bytes received for the current head (an upper bound: whole chunks)
@@ -171,9 +166,6 @@ class HttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self._stop_send_timer()
         cycle = self.cycle
         super().connection_lost(exc)
@@ -216,7 +208,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         if self._in_head:
             self._head_bytes += len(data)
-            if self._deadline is None:
+            if self._timer is None:
                 self._head_started = time.perf_counter()
                 self._arm(self.limits.header_timeout_s, self._head_timeout)
         try:
@@ -316,31 +308,17 @@ class HttpProtocol(HttpToolsProtocol):
         self._refuse(BadRequest("the request is not valid HTTP/1.1"))
 
     # --- deadlines ------------------------------------------------------------------------------------------
-    def _arm(self, seconds: float, callback: Callable[[], Any]) -> None:
-        """`callback` in `seconds`, in place of the deadline armed before. A timer is made only where none would
-        fire by then: a timer and its cancellation for each of a request's head and body were ~2% of a front-end's
-        CPU under 1-input load (py-spy)."""
-        deadline = self.loop.time() + seconds
-        self._deadline, self._on_deadline = deadline, callback
-        if self._timer is None or self._timer_at > deadline:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer, self._timer_at = self.loop.call_at(deadline, self._deadline_reached), deadline
+    def _arm(self, seconds: float, callback: Any) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, callback)
 
     def _disarm(self) -> None:
-        self._deadline = None  # a timer still set finds nothing due
-
-    def _deadline_reached(self) -> None:
-        self._timer = None
-        if self._deadline is None:
-            return
-        if self.loop.time() < self._deadline:  # moved later since the timer was made
-            self._timer, self._timer_at = self.loop.call_at(self._deadline, self._deadline_reached), self._deadline
-            return
-        self._deadline = None
-        self._on_deadline()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _head_timeout(self) -> None:
+        self._timer = None
         if self.transport.is_closing():
             return
         if self.cycle is not None and not self.cycle.response_complete:
@@ -352,6 +330,7 @@ class HttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _body_timeout(self) -> None:
+        self._timer = None
         if self.cycle is not None and self.cycle.more_body:
             self._refuse(RequestTimeout(f"the request body did not arrive in {self.limits.body_timeout_s:g} s"))
 
