@@ -14,12 +14,14 @@ A thin adapter over the one RequestPipeline, as the REST routes are: what the te
 - the request id (`x-request-id` metadata, or a new one; sent back in the initial metadata), the access line and
   the request metrics (endpoint `grpc-infer`, and `grpc-info` for ModelMetadata and ModelReady; the status as
   its HTTP equivalent).
-Errors are the domain errors, as gRPC codes by `service.frontend.grpc.status`.
+Errors are the domain errors, as gRPC codes by `service.frontend.grpc.status`; a method not served is UNIMPLEMENTED
+with a message that names those served (`NotServed`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -72,6 +74,7 @@ INFO_ENDPOINT = "grpc-info"  # ... of ModelMetadata and ModelReady, the calls ab
 # The longest error message sent: it travels in a trailer, and clients refuse trailers past 8-16 KB (tritonclient
 # then reports RESOURCE_EXHAUSTED instead of the error); the messages quote clients' values cut short already
 MAX_MESSAGE_CHARS = 2000
+FIRST_MESSAGE_WAIT_S = 1.0  # how long a call to a method not served is read before its refusal (`NotServed`)
 
 
 class InferenceService:
@@ -309,6 +312,9 @@ def _client(peer: str) -> tuple[str, int] | None:
     return (host.strip("[]"), int(port)) if port.isdigit() else None
 
 
+SERVED_METHODS = ["ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer"]
+
+
 def handler(state: ServerState, keys: ApiKeys) -> grpc.GenericRpcHandler:
     service = InferenceService(state, keys)
     methods: dict[str, tuple[Method, Any, Any]] = {
@@ -330,6 +336,39 @@ def handler(state: ServerState, keys: ApiKeys) -> grpc.GenericRpcHandler:
             for name, (method, request_type, response_type) in methods.items()
         },
     )
+
+
+class NotServed(grpc.GenericRpcHandler):
+    """Consulted last: a method no other handler serves is UNIMPLEMENTED with a message that says what is served
+    (grpcio's own is "Method not found!"), as REST's 404 for a path says why. Triton's other methods (streaming,
+    ModelConfig, statistics, repository, shared memory) and other services end here. Its handler is
+    stream-to-stream, which takes a call of any shape."""
+
+    def __init__(self, served: list[str]) -> None:
+        self.served = served
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method  # "/package.Service/Method", as the client sent it
+        message = _not_served(method, self.served)
+
+        async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+            # the call's first message awaited (a second at most): a streaming client (tritonclient's stream_infer)
+            # then reads the refusal as the answer to its first request, not as a stream broken before it
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(anext(aiter(requests)), FIRST_MESSAGE_WAIT_S)
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+
+def _not_served(method: str, served: list[str]) -> str:
+    service, _, name = cut(method, 200).lstrip("/").partition("/")
+    if service == SERVICE:
+        return (
+            f"{name} is not served here: of {SERVICE} this server serves {', '.join(served)} "
+            "(docs/serving.md says which extensions are left out, and why)"
+        )
+    return f"the service {service or method!r} is not served here: {SERVICE} and grpc.health.v1.Health are"
 
 
 MAX_CONCURRENT_STREAMS = 256
@@ -365,6 +404,7 @@ class GrpcServer:
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((handler(self.state, self.keys),))
         self.health = health.add_to(server, self.state)
+        server.add_generic_rpc_handlers((NotServed(SERVED_METHODS),))  # after every handler that serves
         host = f"[{s.host}]" if ":" in s.host else s.host
         try:
             server.add_insecure_port(f"{host}:{s.grpc_port}")

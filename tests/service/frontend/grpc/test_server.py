@@ -444,3 +444,30 @@ def test_the_server_bounds_the_calls_on_one_connection(oip_server) -> None:
     payload = received[9 : 9 + length]
     settings = dict(struct.unpack(">HI", payload[i : i + 6]) for i in range(0, length, 6))
     assert settings.get(3) == 256, settings  # SETTINGS_MAX_CONCURRENT_STREAMS
+
+
+def test_a_method_not_served_is_unimplemented_with_what_is_served(oip_server) -> None:
+    """grpcio's own answer is "Method not found!": the message says which methods are served, for unary and
+    streaming calls alike (tritonclient's stream_infer reads it from its callback), and the server keeps serving."""
+    client = grpcclient.InferenceServerClient(url=oip_server.grpc_url)
+    with pytest.raises(InferenceServerException, match="ModelConfig is not served here") as error:
+        client.get_model_config("bert-classification")
+    assert error.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert "ModelInfer" in str(error.value) and "docs/serving.md" in str(error.value)
+
+    results: list = []
+    client.start_stream(callback=lambda result, error: results.append(error))
+    client.async_stream_infer("bert-classification", [texts("text", ["x"])])
+    wait_for(lambda: results, timeout=10)
+    client.stop_stream()
+    assert "ModelStreamInfer is not served here" in str(results[0])
+
+    with grpc.insecure_channel(oip_server.grpc_url) as channel:
+        call = channel.unary_unary("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+        with pytest.raises(grpc.RpcError) as raw:
+            call(b"")
+    assert raw.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "grpc.reflection.v1alpha.ServerReflection' is not served here" in raw.value.details()
+
+    answer = client.infer("bert-classification", [texts("text", ["x"])])
+    assert answer.as_numpy("label").shape[0] == 1  # still serving
