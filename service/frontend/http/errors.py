@@ -65,7 +65,8 @@ def error_body(exc: ServiceError, path: str | None = None) -> bytes:
 
 def openai_error(status: int, content: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's error body: the message, a type by the status (the openai SDK picks its exception by the status;
-    the type is for people and logs), the field as `param` and the server's error_type as `code`."""
+    the type is for people and logs), the field as `param` and the server's error_type as `code`, but OpenAI's own
+    `model_not_found` for a model not served (the one thing a 404 on that route can be)."""
     if status == 401:
         kind = "authentication_error"
     elif status == 429:
@@ -75,6 +76,8 @@ def openai_error(status: int, content: dict[str, Any]) -> dict[str, Any]:
     else:
         kind = "invalid_request_error"
     message, field, code = content.get("error"), content.get("field"), content.get("error_type")
+    if status == 404 and code == "not_found":
+        code = "model_not_found"
     return {"error": {"message": message, "type": kind, "param": field, "code": code}}
 
 

@@ -198,7 +198,7 @@ def openai_error_of(response: httpx.Response) -> dict[str, Any]:
 
 ERRORS = [
     # (body, status, type, param, code)
-    ({"model": "no-such-model", "input": "x"}, 404, "invalid_request_error", None, "not_found"),
+    ({"model": "no-such-model", "input": "x"}, 404, "invalid_request_error", None, "model_not_found"),
     ({"model": MODEL, "input": "x", "dimensions": 385}, 400, "invalid_request_error", "dimensions", "validation"),
     ({"model": MODEL, "input": "x", "dimensions": 0}, 400, "invalid_request_error", "dimensions", "validation"),
     ({"model": MODEL, "input": []}, 400, "invalid_request_error", "input", "validation"),
@@ -257,7 +257,7 @@ def test_the_sdk_raises_its_own_errors(embed_server: Server) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.embeddings.create(model="no-such-model", input=["x"])
     assert missing.value.status_code == 404 and "no-such-model" in missing.value.message
-    assert missing.value.code == "not_found" and missing.value.type == "invalid_request_error"
+    assert missing.value.code == "model_not_found" and missing.value.type == "invalid_request_error"  # OpenAI's
     with pytest.raises(openai.BadRequestError) as too_many:  # OpenAI's status for what the server calls 422
         client.embeddings.create(model=MODEL, input=["x"], dimensions=1024)
     assert too_many.value.param == "dimensions" and "384" in too_many.value.message
