@@ -222,11 +222,26 @@ def texts_of(tensor: InputTensor, pipeline: RequestPipeline) -> list[str]:
         elif isinstance(element, str):
             texts.append(element)
         else:
-            raise BadRequest(f"input {tensor.name}, element {i}: a {type(element).__name__}; BYTES elements are text")
+            raise BadRequest(f"input {tensor.name}, element {i}: {json_kind(element)}; BYTES elements are text")
     # the limits on each text, named as this protocol names an element (the pipeline's own check names the native
     # API's field, inputs.{i}, which in a v2 body is another tensor)
     pipeline.check_texts([(f"{tensor.name}.{i}", text) for i, text in enumerate(texts)])
     return texts
+
+
+def json_kind(value: object) -> str:
+    """What a JSON value is, as JSON names it (a message about a client's JSON names no Python type)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
 
 
 def check_parameters(task: TaskTensors, parameters: dict[str, Any]) -> dict[str, Any]:

@@ -173,7 +173,16 @@ BAD = [
         "bert-classification",
         {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [3]}]},
         400,
-        "BYTES elements are text",
+        "element 0: a number; BYTES elements are text",
+    ),
+    *(  # as JSON names them, not Python ("a NoneType")
+        (
+            "bert-classification",
+            {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["x", value]}]},
+            400,
+            f"element 1: {kind}; BYTES",
+        )
+        for value, kind in ((None, "null"), (True, "a boolean"), ({}, "an object"))
     ),
     (
         "bert-classification",
