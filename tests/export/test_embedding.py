@@ -18,6 +18,8 @@ import torch
 from bertcore.model_config import ModelConfig
 from export.cli import main
 from export.embedding_check import cosine_rows, encode_batches, reference_texts
+from export.pipeline import ExportResult
+from export.report import summary
 from export.retrieval import score
 from export.sample_text import SENTENCES
 from tests.conftest import SHARED
@@ -142,6 +144,10 @@ def test_a_sentence_transformers_directory_is_an_embedding_entry(checkpoints, be
     assert fp32["agreement_of"] == "vectors (cosine >= 0.999)"
     int8 = config["variants"]["int8"]["validation"]
     assert int8["embedding_reference"]["bound"] is None and int8["embedding_reference"]["min_cosine"] > 0.99
+    # the CLI's summary gives each variant's cosine with sentence-transformers, not a share above 0.999 (int8: 0%)
+    lines = summary(ExportResult(entry, config, 1.0)).splitlines()
+    (int8_line,) = [line for line in lines if line.lstrip().startswith("int8 ")]
+    assert "agree" not in int8_line and "cosine with sentence-transformers " in int8_line, int8_line
     # the graph's vectors, tokenized as the server will (tokenizer.json), against sentence-transformers' encode
     expected = sentence_transformers_vectors(checkpoints["bert-st"])
     assert cosine_rows(onnx_vectors(entry, "fp32"), expected).min() >= FP32_BOUND
