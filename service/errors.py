@@ -4,6 +4,8 @@ here, for the front-end and the engine alike."""
 
 from __future__ import annotations
 
+from bertcore.messages import shown
+
 # The status counted and logged for a request whose client left before its answer (nginx's 499): nothing failed at
 # the server, so not a 500, which an operator's 5xx alerts would take for one
 CLIENT_CLOSED = 499
@@ -65,7 +67,7 @@ class ModelNotFound(ServiceError):
 
     @classmethod
     def named(cls, name: str) -> ModelNotFound:
-        return cls(f"no model named {name[:100]!r}; GET /v1/models lists the served models")
+        return cls(f"no model named {shown(name, 102)}; GET /v1/models lists the served models")
 
 
 class PayloadTooLarge(ServiceError):

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bertcore.messages import shown
 from service.system.cpus import available_cpus
 
 ENV_PREFIX = "BERTSERVE_"
@@ -348,11 +349,11 @@ class Settings(BaseSettings):
         if endpoint is None or not endpoint.strip():
             return None
         if not OTLP_URL.fullmatch(endpoint.strip()):
-            raise ValueError(f"{endpoint[:200]!r} is not an OTLP URL: http(s)://host[:port][/path]")
+            raise ValueError(f"{shown(endpoint, 202)} is not an OTLP URL: http(s)://host[:port][/path]")
         try:  # a port past 65535, an unclosed [IPv6 address: a traceback in the exporter, at start
             _ = urlsplit(endpoint.strip()).port
         except ValueError as error:
-            raise ValueError(f"{endpoint[:200]!r} is not an OTLP URL: {error}") from None
+            raise ValueError(f"{shown(endpoint, 202)} is not an OTLP URL: {error}") from None
         return endpoint.strip()
 
     @field_validator("device")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bertcore.messages import shown
 from bertcore.model_config import EmbeddingSpec
 from bertcore.rows import Row
 from bertcore.tasks import classification
@@ -33,7 +34,7 @@ def prompted(texts: list[str], spec: EmbeddingSpec, prompt_name: str | None = No
     if prompt_name is not None and prompt_name not in spec.prompts:
         names = ", ".join(sorted(spec.prompts)) or "none"
         raise TaskInputError(
-            f"prompt_name {prompt_name[:100]!r} is not one of the model's prompts ({names})", field="prompt_name"
+            f"prompt_name {shown(prompt_name, 102)} is not one of the model's prompts ({names})", field="prompt_name"
         )
     name = prompt_name if prompt_name is not None else spec.default_prompt_name
     prompt = spec.prompts.get(name, "") if name else ""

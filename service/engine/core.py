@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bertcore.messages import one_line
+from bertcore.messages import one_line, shown
 from bertcore.rows import Row
 from service.engine.batcher import Batcher
 from service.engine.runtime import ModelRuntime
@@ -583,7 +583,7 @@ class EngineCore:
             return result
         if action == "index":
             return {"models": await asyncio.to_thread(self.index)}
-        raise BadRequest(f"unknown action {action[:50]!r}")
+        raise BadRequest(f"unknown action {shown(action, 52)}")
 
     def _record_loaded(self, name: str, loaded: bool) -> None:
         """--model-control explicit in process mode: the models loaded now, written to `loaded_file`, which a

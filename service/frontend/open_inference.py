@@ -198,7 +198,7 @@ def texts_of(tensor: InputTensor, pipeline: RequestPipeline) -> list[str]:
     """The tensor's texts: checked against the protocol (BYTES, a shape that agrees with the data) and the count
     limit before any element is decoded."""
     if tensor.datatype != "BYTES":
-        raise BadRequest(f"input {tensor.name}: datatype {tensor.datatype[:20]!r}; it takes BYTES (UTF-8 text)")
+        raise BadRequest(f"input {tensor.name}: datatype {shown(tensor.datatype, 22)}; it takes BYTES (UTF-8 text)")
     count = count_of(tensor)
     pipeline.check_count(count, tensor.name)  # the field is the tensor: "inputs.1" would name a second one
     if tensor.raw is not None:
@@ -249,14 +249,14 @@ def check_parameters(task: TaskTensors, parameters: dict[str, Any]) -> dict[str,
     unknown = sorted(set(parameters) - set(task.parameters) - TRANSPORT_PARAMETERS)
     if unknown:
         takes = ", ".join(task.parameters)
-        raise BadRequest(f"parameter {unknown[0][:100]!r} is not one this model takes (it takes: {takes})")
+        raise BadRequest(f"parameter {shown(unknown[0], 102)} is not one this model takes (it takes: {takes})")
     return {name: value for name, value in parameters.items() if name in task.parameters}
 
 
 def unversioned(name: str, version: str) -> ModelNotFound:
     """The error for a request naming a model's version (REST's /versions/{v}/ routes, gRPC's model_version): the
     served models have none."""
-    return ModelNotFound(f"model {name[:100]!r} has no version {version[:20]!r}: served models are unversioned")
+    return ModelNotFound(f"model {shown(name, 102)} has no version {shown(version, 22)}: served models are unversioned")
 
 
 # Triton's extensions that tritonclient calls and this server does not serve: what each 404 says instead
@@ -275,11 +275,11 @@ def check_output_parameters(output: str, parameters: dict[str, Any]) -> None:
             continue
         if name == "classification":
             raise BadRequest(
-                f"output {output[:100]!r}: parameter 'classification' (tritonclient's class_count) is not taken: "
+                f"output {shown(output, 102)}: parameter 'classification' (tritonclient's class_count) is not taken: "
                 "Triton's classification extension is not served; a classification model's label and score "
                 "outputs give its best labels (parameter top_k)"
             )
-        raise BadRequest(f"output {output[:100]!r}: parameter {name[:100]!r} is not one an output takes")
+        raise BadRequest(f"output {shown(output, 102)}: parameter {shown(name, 102)} is not one an output takes")
 
 
 async def infer(
@@ -296,9 +296,11 @@ async def infer(
     options = check_parameters(task, parameters)
     _shorten_deadline(ticket, parameters.get("timeout"))
     names = {spec.name for spec in task.outputs}
-    for name in requested or ():
+    for i, name in enumerate(requested or ()):
+        if requested is not None and name in requested[:i]:  # it was answered once, as if asked once
+            raise BadRequest(f"output {shown(name, 102)} is requested twice: name each output once")
         if name not in names:
-            raise BadRequest(f"output {name[:100]!r}: model {model.name} has outputs {', '.join(sorted(names))}")
+            raise BadRequest(f"output {shown(name, 102)}: model {model.name} has outputs {', '.join(sorted(names))}")
     texts = _inputs(task, inputs, pipeline)
     counts = {len(values) for values in texts.values()}
     if len(counts) > 1:
@@ -336,7 +338,7 @@ def _inputs(task: TaskTensors, inputs: list[InputTensor], pipeline: RequestPipel
     texts: dict[str, list[str]] = {}
     for tensor in inputs:
         if tensor.name not in specs:
-            raise BadRequest(f"input {tensor.name[:100]!r}: the model takes {', '.join(specs)}")
+            raise BadRequest(f"input {shown(tensor.name, 102)}: the model takes {', '.join(specs)}")
         if tensor.name in texts:
             raise BadRequest(f"input {tensor.name}: given twice")
         texts[tensor.name] = texts_of(tensor, pipeline)

@@ -30,6 +30,7 @@ from typing import Any, TypeAlias
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bertcore.messages import shown
 from service.frontend.http.state import ServerState
 from service.probes import HEARTBEAT_S
 
@@ -96,7 +97,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
 def _unknown(service: str) -> str:
     known = f"'' (itself), {INFERENCE_SERVICE}, {LIVENESS} and its models"
-    return f"unknown service {service[:100]!r}: this server knows {known}"
+    return f"unknown service {shown(service, 102)}: this server knows {known}"
 
 
 def add_to(server: grpc.aio.Server, state: ServerState) -> HealthService:

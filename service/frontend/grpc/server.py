@@ -32,7 +32,7 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 from opentelemetry.trace import SpanKind
 
-from bertcore.messages import cut
+from bertcore.messages import cut, shown
 from service import tracing
 from service.errors import (
     CLIENT_CLOSED,
@@ -118,7 +118,7 @@ class InferenceService:
             raise BadRequest(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: one each is needed")
         for tensor in request.inputs if raw else ():  # two payloads for a tensor: which was meant is not ours to guess
             if tensor.HasField("contents"):
-                raise BadRequest(f"input {tensor.name[:100]!r}: both contents and raw_input_contents; send one")
+                raise BadRequest(f"input {shown(tensor.name, 102)}: both contents and raw_input_contents; send one")
         inputs = [
             oip.InputTensor(
                 tensor.name,

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bertcore.messages import shown
 from service.errors import BadRequest, ModelNotFound
 from service.frontend import open_inference as oip
 from service.frontend.http import schemas
@@ -234,7 +235,7 @@ async def _split_body(request: Request) -> tuple[Any, bytes | None]:
     raw = await request.body()
     # "²" is a digit to isdigit; past 19 digits no body is that long (and int() refuses 4,300 with a ValueError)
     if not (declared.isascii() and declared.isdigit()) or len(declared) > 19 or int(declared) > len(raw):
-        raise BadRequest(f"{HEADER_LENGTH} {declared[:20]!r} is not a length within the body ({len(raw)} bytes)")
+        raise BadRequest(f"{HEADER_LENGTH} {shown(declared, 22)} is not a length within the body ({len(raw)} bytes)")
     length = int(declared)
     try:
         return strict_json(raw[:length]), raw[length:]

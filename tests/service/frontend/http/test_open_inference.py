@@ -175,6 +175,21 @@ BAD = [
         400,
         "element 0: a number; BYTES elements are text",
     ),
+    (
+        "bert-classification",
+        {
+            "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}],
+            "outputs": [{"name": "label"}, {"name": "score"}, {"name": "label"}],
+        },
+        400,
+        "output 'label' is requested twice",
+    ),
+    (  # a name cut short is marked so
+        "bert-classification",
+        {"inputs": [{"name": "t" * 300, "shape": [1], "datatype": "BYTES", "data": ["x"]}]},
+        400,
+        f"input '{'t' * 98}...: the model takes",
+    ),
     *(  # as JSON names them, not Python ("a NoneType")
         (
             "bert-classification",
