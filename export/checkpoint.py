@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -110,6 +110,7 @@ def load_checkpoint(
     architecture, class_name = _check_architecture(source, config.model_type, config.architectures)
     resolved_task = _resolve_task(source, class_name, task, head)
     model = _load_model(source, local_dir, resolved_task)
+    class_name = class_name or type(model).__name__  # no architectures in config.json: the class --task loaded
     if head is not None:
         check_dense_shapes(head, int(config.hidden_size))
         model = SentenceEncoder(model, head).eval()
@@ -243,10 +244,17 @@ def _resolve_task(source: str, class_name: str, requested: str, head: EmbeddingH
             "a checkpoint with a sequence classification, token classification or question answering head, or its "
             "encoder as an embedding model with --task embedding --pooling mean|cls|max [--normalize]"
         )
-    if detected is None:
-        what = class_name or "a checkpoint with no 'architectures' entry"
+    if not class_name and requested in ("classification", "ner", "qa"):
+        return cast(Task, requested)  # the head's weights are checked at their load: another head's are refused
+    if not class_name:
         raise ExportError(
-            f"{source} is {what}: a base model with no task head; export it as an embedding model with "
+            f"config.json of {source} names no architectures, so which head its weights hold is not known: give "
+            "--task classification, ner or qa for a checkpoint fine-tuned with that head, or --task embedding "
+            "--pooling mean|cls|max [--normalize] to serve its encoder's vectors"
+        )
+    if detected is None:
+        raise ExportError(
+            f"{source} is {class_name}: a base model with no task head; export it as an embedding model with "
             f"--task embedding --pooling mean|cls|max [--normalize], or export a checkpoint with a task head "
             f"({supported_summary()})"
         )

@@ -92,8 +92,11 @@ def broken_checkpoints(tiny: Path, tmp_path: Path) -> dict[str, Path]:
     _edit_config(fewer_layers, lambda config: config.update(num_hidden_layers=config["num_hidden_layers"] - 1))
     another_head = copy_checkpoint(tiny, tmp_path / "another-head")
     _edit_config(another_head, lambda config: config.update(architectures=["BertForQuestionAnswering"]))
+    no_architectures = copy_checkpoint(tiny, tmp_path / "no-architectures")  # a classifier's weights
+    _edit_config(no_architectures, lambda config: config.pop("architectures"))
     (tmp_path / "calibration.txt").write_text("")
     return {
+        "no-architectures": no_architectures,
         "multiple-choice": multiple_choice,
         "masked-lm": masked_lm,
         "duplicate-labels": duplicate_labels,
@@ -151,6 +154,8 @@ CASES = [
         "XLM-RoBERTa, CamemBERT, ELECTRA, ERNIE, MobileBERT, DeBERTa-v2/v3, ModernBERT, XLNet with a sequence",
     ),
     ("base", [], "a base model with no task head; export it as an embedding model with --task embedding"),
+    ("no-architectures", [], "names no architectures, so which head its weights hold is not known: give --task"),
+    ("no-architectures", ["--task", "qa"], "lacks trained weights for part of the qa model (qa_outputs.bias"),
     ("tiny", ["--task", "ner"], "task mismatch: "),
     ("tiny", ["--task", "qa"], "(classification) but --task qa was given"),
     ("someone/unreachable-model", [], "could not be fetched from the hub"),
@@ -187,6 +192,21 @@ def test_bad_input_is_one_line_and_leaves_repository_alone(
     assert err.startswith("error: ") and "\n" not in err, err
     assert message in err
     assert snapshot(repository) == before
+
+
+def test_a_config_that_names_no_architectures_exports_with_its_task_given(
+    tiny_checkpoint, tmp_path: Path, capsys
+) -> None:
+    """config.json without `architectures` (some training frameworks write none): --task says the head, and the
+    entry names the class that loaded it; it was refused as 'a base model with no task head' whatever --task said."""
+    checkpoint = broken_checkpoints(tiny_checkpoint("bert", "classification"), tmp_path)["no-architectures"]
+    repository = tmp_path / "repo"
+    args = [str(checkpoint), "--name", "headless", "--repository", str(repository), "--quiet"]
+    assert main(args) == 1 and "names no architectures" in capsys.readouterr().err
+    assert main([*args, "--task", "classification"]) == 0, capsys.readouterr().err
+    config = json.loads((repository / "headless" / "model.json").read_text())
+    assert config["task"] == "classification" and config["architecture"] == "BertForSequenceClassification"
+    assert config["variants"]["fp32"]["validation"]["passed"]
 
 
 @pytest.mark.parametrize(
