@@ -80,6 +80,13 @@ class UnsupportedMediaType(ServiceError):
     error_type = "unsupported_media_type"
 
 
+class HttpVersionNotSupported(ServiceError):
+    """A request line naming another major version than HTTP/1 (RFC 9110 15.6.6)."""
+
+    status_code = 505
+    error_type = "http_version_not_supported"
+
+
 class UnknownTransferCoding(ServiceError):
     """A Transfer-Encoding other than chunked (RFC 9112 6.1: 501 for a transfer coding the server does not know)."""
 

@@ -15,6 +15,8 @@ connection for ever; nor any limit on the request line or the headers. Per conne
   transport's writing paused) for `send_timeout_s` is cut: the connection is closed, as nginx's `send_timeout`
   does. uvicorn waits for such a client for ever, with its next pipelined request unread behind it.
 - keep-alive: uvicorn's own timer (`keepalive_timeout_s`).
+- version: a request line of another HTTP version than 1.1 or 1.0 (httptools reads "HTTP/2.0" and "HTTP/0.9") is a
+  505 (RFC 9110 15.6.6); it was served as HTTP/1.1.
 - Host: an HTTP/1.1 request without a Host header, or any with two, is a 400 (RFC 9112 §3.2; both were served), and
   so is one with two Content-Type headers (the last had been read).
 - limits: a request target over `max_url_bytes` is a 414, headers over `max_header_bytes` a 431, anything
@@ -51,6 +53,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from service.errors import (
     BadRequest,
     HeadersTooLarge,
+    HttpVersionNotSupported,
     RequestTimeout,
     ServiceError,
     UnknownTransferCoding,
@@ -256,6 +259,12 @@ class HttpProtocol(HttpToolsProtocol):
                 "a request that asks to Upgrade (h2c, websocket) cannot carry a body here: send it without Upgrade"
             )
             raise _Refused
+        version = self.parser.get_http_version()
+        if version not in ("1.1", "1.0"):  # httptools reads "HTTP/2.0" and "HTTP/0.9" lines; both were answered
+            self._refusal = HttpVersionNotSupported(
+                f"HTTP/{version} in a request line: this port speaks HTTP/1.1 and 1.0 (gRPC is on --grpc-port)"
+            )
+            raise _Refused
         hosts = types = 0
         codings: list[bytes] | None = None  # the transfer codings in order, every Transfer-Encoding header's list
         framed = False  # a Content-Length or Transfer-Encoding header: a body to wait for
@@ -272,7 +281,7 @@ class HttpProtocol(HttpToolsProtocol):
         if types > 1:  # a field of one value (RFC 9110 8.3): the last had been read, a proxy may read the first
             self._refusal = BadRequest("the request has two Content-Type headers: send one")
             raise _Refused
-        if hosts > 1 or (hosts == 0 and self.parser.get_http_version() == "1.1"):
+        if hosts > 1 or (hosts == 0 and version == "1.1"):
             # RFC 9112 §3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host header and to any with
             # two (which one names the target? a proxy in front may have read the other)
             self._refusal = BadRequest(

@@ -223,6 +223,9 @@ def test_idle_keep_alive_connections_are_closed(hardened) -> None:
         (b"GET /livez HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400, "bad_request"),
         (b"GET /livez HTTP/1.1\r\nAccept: */*\r\n\r\n", 400, "bad_request"),  # RFC 9112 3.2: no Host
         (b"GET /livez HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "bad_request"),  # two
+        # RFC 9110 15.6.6: another major version is a 505 (both read by httptools, and were answered as HTTP/1.1)
+        (b"GET /livez HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"),
+        (b"GET /livez HTTP/0.9\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"),
         (
             b"POST " + CLASSIFY.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
             b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
@@ -258,6 +261,8 @@ def test_idle_keep_alive_connections_are_closed(hardened) -> None:
         "malformed",
         "no-host",
         "two-hosts",
+        "http-2.0",
+        "http-0.9",
         "two-content-types",
         "tls",
         "two-lengths",
