@@ -12,9 +12,18 @@ def one_line(exc: BaseException, limit: int = 300, hide: str | Path | None = Non
     lines = str(exc).strip().splitlines()
     line = lines[0] if lines else ""
     if hide is not None:  # a path under it reads as relative to it ("entry/model.fp32.onnx"), not as "/entry/..."
-        line = line.replace(str(hide).rstrip("/") + "/", "").replace(str(hide), "").strip()
+        line = _without_path(line, str(hide)).strip()
     line = cut(line, limit)
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def _without_path(line: str, path: str) -> str:
+    """`line` with `path` taken out where it begins a path ("models/entry/x" -> "entry/x"), and where it stands alone
+    if it holds a "/" (a bare "models" may be a word). Only at a path's start: the repository "." was taken out of
+    every "model.json" ("modeljson")."""
+    prefix = path.rstrip("/") or "/"
+    alone = r"|(?![\w./-])" if "/" in prefix else ""
+    return re.sub(r"(?<![\w./-])" + re.escape(prefix) + r"(?:/" + alone + ")", "", line)
 
 
 def cut(text: str, limit: int) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from pydantic import ValidationError
@@ -66,11 +67,14 @@ def main(argv: list[str] | None = None) -> int:
             settings.devices,
             len(settings.devices),
         )
+    for warning in settings.ineffective(resolve_engine_mode(settings), uses_gpu(settings)):
+        log.warning(warning)
     if keys.enabled:
         log.info(
             "API keys: %d in force; open without a key: %s", keys.count, ", ".join(sorted(open_paths(settings)[0]))
         )
     if resolve_engine_mode(settings) == "process":
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher takes it at once
         return Launcher(settings).run()
     if problem := listen_problem(settings):
         print(f"error: {problem}", file=sys.stderr)
@@ -81,17 +85,32 @@ def main(argv: list[str] | None = None) -> int:
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # uvicorn takes it now: a drain from here on
     return 0 if serve(app, settings) else 1
+
+
+class Terminated(BaseException):
+    """SIGTERM before the server took the signals (`interruptible_main`); not an Exception, as KeyboardInterrupt is
+    not: the load's `except Exception` must not take it for a model's failure, nor swallow it."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def interruptible_main() -> int:
     """`main`, where a Ctrl-C before uvicorn takes the signals (settings, discovery, the models' load, which can take
-    minutes) is one line and exit 130, as the export's is, not a KeyboardInterrupt traceback from onnxruntime."""
+    minutes) is one line and exit 130, as the export's is, not a KeyboardInterrupt traceback from onnxruntime; and a
+    SIGTERM then (an orchestrator's stop) one line and exit 143, where it ended the process with no word."""
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return main()
     except KeyboardInterrupt:
         print("error: interrupted before the server started; nothing was served", file=sys.stderr)
         return 130
+    except Terminated:
+        print("error: stopped (SIGTERM) before the server started; nothing was served", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bertcore.messages import shown
@@ -32,6 +32,7 @@ class Settings(BaseSettings):
         cli_implicit_flags=True,
         extra="forbid",
         hide_input_in_errors=True,  # an error about an API key must never print the key
+        allow_inf_nan=False,  # "nan" was refused as "less than or equal to 3600", naming the wrong cause
     )
 
     repository: Path = Field(Path("models"), description="model repository: one folder per model")
@@ -56,7 +57,7 @@ class Settings(BaseSettings):
     )
     liveness_stall_s: float = Field(
         10.0,
-        gt=0,
+        ge=0.5,  # the state is written every 0.2 s (probes.HEARTBEAT_S): under that, a server at rest fails it
         le=3600,
         description="probe port: /livez fails once the event loop has not run for this long; /livez fails, and "
         "process mode restarts the engine, once it has not run for this long or a batch has run this long past "
@@ -182,7 +183,9 @@ class Settings(BaseSettings):
         description="most rows queued per model (429 past it); unset: 2048 or 32 full batches (--max-batch-size), "
         "whichever is more",
     )
-    request_timeout_s: float = Field(30.0, gt=0, le=3600, description="per-request deadline; past it 504")
+    request_timeout_s: float = Field(  # under 50 ms, a ready server answered every request 504
+        30.0, ge=0.05, le=3600, description="per-request deadline; past it 504"
+    )
     max_body_bytes: int = Field(
         2 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="largest request body (a gRPC message's too)"
     )
@@ -343,6 +346,16 @@ class Settings(BaseSettings):
             return json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",")]
         return value
 
+    @field_validator("host", "repository", mode="before")
+    @classmethod
+    def _not_empty(cls, value: object, info: ValidationInfo) -> object:
+        """An empty value (`BERTSERVE_HOST=` from a template left blank) is refused: uvicorn listens on every
+        interface for "", and "" as a path is the current folder, served as a repository."""
+        if isinstance(value, str) and not value.strip():
+            what = "an address: 127.0.0.1, or 0.0.0.0 for every interface" if info.field_name == "host" else "a folder"
+            raise ValueError(f"is empty: give {what}")
+        return value
+
     @field_validator("otlp_endpoint")
     @classmethod
     def _otlp_endpoint(cls, endpoint: str | None) -> str | None:
@@ -446,7 +459,12 @@ class Settings(BaseSettings):
         if "max_queue_rows" not in self.model_fields_set:
             # A hard cap behind the bound in time: at 256-row batches on an H100 (~40k rows/s), 2,048 rows were 50 ms
             # of work, and 192 connections sending 16 inputs each got 429s the bound would have admitted.
-            self._derive("max_queue_rows", max(2048, 32 * self.max_batch_size))
+            self._derive("max_queue_rows", max(2048, 32 * self.max_batch_size, self.max_inputs_per_request))
+        if self.max_queue_rows < self.max_inputs_per_request:  # such a request was a 422 that /v1/models denies
+            raise ValueError(
+                f"max_queue_rows ({self.max_queue_rows}) is below max_inputs_per_request "
+                f"({self.max_inputs_per_request}): a request of the most inputs it takes could never be queued"
+            )
         if self.max_queue_s >= self.request_timeout_s and "max_queue_s" not in self.model_fields_set:
             self._derive("max_queue_s", self.request_timeout_s / 2)  # a short deadline given alone: keep it coherent
         if self.max_queue_s >= self.request_timeout_s:
@@ -501,6 +519,34 @@ class Settings(BaseSettings):
                 text = str(value)
             env[f"{ENV_PREFIX}{name.upper()}"] = text
         return env
+
+    def ineffective(self, engine_mode: str, gpu: bool) -> list[str]:
+        """Warnings for settings given that do nothing beside the others (the server starts, as asked, and says
+        so): an operator had believed them in force. `engine_mode` as resolved; `gpu`: whether CUDA is used."""
+        given = self.model_fields_set
+        found = []
+        if "frontends" in given and engine_mode == "in-process":
+            found.append("--frontends has no effect in-process (one process serves): it is for --engine-mode process")
+        if "repository_poll_s" in given and self.model_control != "poll":
+            found.append(f"--repository-poll-s has no effect with --model-control {self.model_control}: it is poll's")
+        if self.cuda_graphs == "on" and not gpu:
+            found.append("--cuda-graphs on has no effect on the CPU: graphs are captured on CUDA only")
+        cpu_only = [f"--{name.replace('_', '-')}" for name in ("cpu_streams", "cpu_lone_session") if name in given]
+        if cpu_only and gpu and self.device_kind == "cuda":
+            verb = "has" if len(cpu_only) == 1 else "have"
+            found.append(f"{' and '.join(cpu_only)} {verb} no effect with --device cuda: they are for the CPU")
+        elif self.cpu_lone_session == "on" and self.cpu_stream_count < 2 and not gpu:
+            found.append("--cpu-lone-session on has no effect with one CPU stream: it is for 2 streams or more")
+        return found
+
+    def child_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """A child process's environment: `environ` without any variable of a setting (in any case), then the
+        settings given (`to_env`). A setting the command line unset (`--otlp-endpoint ''`, `--models null`) has no
+        variable in `to_env`, and the parent's own BERTSERVE_OTLP_ENDPOINT would otherwise be the child's: process
+        mode sent traces, or served fewer models, where the same command in-process did not."""
+        settings_names = {f"{ENV_PREFIX}{name.upper()}" for name in type(self).model_fields}
+        kept = {name: value for name, value in environ.items() if name.upper() not in settings_names}
+        return {**kept, **self.to_env()}
 
     def configure_logging(self) -> None:
         """One log format for every process of the server (launcher, engine, front-ends): each line carries the

@@ -195,8 +195,7 @@ class Launcher:
         # several front-ends share the cores: the tokenizers library's own thread pool in each would only fight
         self.env = {
             "TOKENIZERS_PARALLELISM": "false",
-            **os.environ,
-            **settings.to_env(),
+            **settings.child_env(os.environ),
             MULTIPROCESS_DIR: str(metrics_dir),
         }
         python = sys.executable

@@ -69,7 +69,8 @@ def test_one_request_with_many_inputs_is_spread_over_batches_in_order(tiny_repos
 
 
 def test_full_queue_answers_429_with_retry_after(tiny_repository, server_factory):
-    server = server_factory(tiny_repository, "--max-queue-rows", "8", "--max-batch-size", "1", "--models", "bert-ner")
+    flags = ("--max-queue-rows", "8", "--max-inputs-per-request", "8", "--max-batch-size", "1")
+    server = server_factory(tiny_repository, *flags, "--models", "bert-ner")
     text = "Peter Blackburn met Maria Lopez in Brussels on Tuesday. " * 3
     statuses: list[int] = []
     retry_after: list[str] = []

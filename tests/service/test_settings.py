@@ -69,7 +69,16 @@ def test_cpu_streams_default_to_two_where_there_are_two_threads() -> None:
     ("values", "message"),
     [
         ({"max_batch_tokens": 100, "max_batch_size": 200}, "no batch could ever be full"),
-        ({"request_timeout_s": 0.001, "max_wait_ms": 5}, "every request times out"),
+        ({"request_timeout_s": 0.1, "max_wait_ms": 100}, "every request times out"),
+        ({"request_timeout_s": 0.001}, "greater than or equal to 0.05"),  # ready, and every request 504
+        ({"liveness_stall_s": 0.05}, "greater than or equal to 0.5"),  # 0.2 s beats: failing at rest
+        ({"max_queue_rows": 1}, "a request of the most inputs it takes could never be queued"),
+        ({"max_queue_rows": 100, "max_inputs_per_request": 200}, r"below max_inputs_per_request \(200\)"),
+        ({"request_timeout_s": float("nan")}, "Input should be a finite number"),  # not "less than ... 3600"
+        ({"trace_sample_ratio": float("nan")}, "Input should be a finite number"),
+        ({"host": ""}, "host\n  Value error, is empty: give an address"),  # uvicorn listened on every interface
+        ({"host": " "}, "is empty"),
+        ({"repository": ""}, "repository\n  Value error, is empty: give a folder"),  # the current folder
         ({"request_timeout_s": 5, "max_queue_s": 5}, "work admitted to wait that long would time out"),
         ({"port": 70000}, "less than or equal to 65535"),
         ({"device": "tpu"}, "'cpu', 'cuda' or 'auto'"),
@@ -169,3 +178,51 @@ def test_the_launcher_hands_on_only_the_settings_given(monkeypatch) -> None:
         monkeypatch.setenv(name, value)
     child = Settings()
     assert child == given and child.model_fields_set == given.model_fields_set
+
+
+def test_a_setting_the_command_line_unsets_is_unset_in_the_children_too(monkeypatch) -> None:
+    """The parent's environment has a setting's variable that its command line unset (`--otlp-endpoint ''`): the
+    children's environment had it back, so process mode sent traces (and served fewer models) where in-process did
+    not. Other variables pass, BERTSERVE_* ones that are no setting too."""
+    parent_env = {
+        "BERTSERVE_OTLP_ENDPOINT": "http://127.0.0.1:4318/v1/traces",
+        "bertserve_models": "a",  # any case, as pydantic-settings reads it
+        "BERTSERVE_MAX_BATCH_SIZE": "8",
+        "BERTSERVE_SHARED": "/somewhere",
+        "PATH": "/usr/bin",
+    }
+    for name, value in parent_env.items():
+        monkeypatch.setenv(name, value)
+    parent = Settings(_cli_parse_args=["--otlp-endpoint", "", "--models", "null"])
+    assert parent.otlp_endpoint is None and parent.models is None and parent.max_batch_size == 8
+    env = parent.child_env(parent_env)
+    assert env == {"BERTSERVE_MAX_BATCH_SIZE": "8", "BERTSERVE_SHARED": "/somewhere", "PATH": "/usr/bin"}
+    for name in parent_env:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    child = Settings()
+    assert child.otlp_endpoint is None and child.models is None and child.max_batch_size == 8
+
+
+def test_settings_given_that_do_nothing_beside_the_others_are_said() -> None:
+    """An operator's --frontends in-process, --cuda-graphs on the CPU, ... were dropped without a word."""
+    given = Settings(
+        engine_mode="in-process", frontends=4, cuda_graphs="on", device="cpu", repository_poll_s=1, threads=1
+    )
+    given_lone = Settings(device="cpu", threads=1, cpu_lone_session="on")
+    warnings = given.ineffective("in-process", gpu=False)
+    assert [warning.split(" has no effect")[0] for warning in warnings] == [
+        "--frontends",
+        "--repository-poll-s",
+        "--cuda-graphs on",
+    ]
+    assert given_lone.ineffective("in-process", gpu=False) == [
+        "--cpu-lone-session on has no effect with one CPU stream: it is for 2 streams or more"
+    ]
+    on_gpu = Settings(device="cuda", cpu_streams=2, cpu_lone_session="on", threads=2)
+    assert on_gpu.ineffective("process", gpu=True) == [
+        "--cpu-streams and --cpu-lone-session have no effect with --device cuda: they are for the CPU"
+    ]
+    assert Settings(frontends=4, model_control="poll", repository_poll_s=1).ineffective("process", gpu=True) == []
+    assert Settings().ineffective("in-process", gpu=False) == []
