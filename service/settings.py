@@ -85,9 +85,9 @@ class Settings(BaseSettings):
         2.0,
         ge=0,
         le=60,
-        description="--cpu-variant auto: at most this long per model timing fp32 against int8 on real batches at "
-        "load (int8 is served only where it is at least 1.05 times as fast); 0: no timing, int8 wherever it is within "
-        "its accuracy budget",
+        description="--cpu-variant auto: about this long per model timing fp32 against int8 on real batches at "
+        "load, 3 rounds at least, which a slow CPU can take past it (int8 is served only where it is at least 1.05 "
+        "times as fast); 0: no timing, int8 wherever it is within its accuracy budget",
     )
     threads: int = Field(
         0,

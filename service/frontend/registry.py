@@ -27,6 +27,7 @@ from service.settings import Settings
 from service.wire.model_status import ModelStatus
 from service.wire.ticket import Ticket
 
+DEMO_NOTE = " (a random-weight demo: its answers have the right shape, not the right content)"
 log = logging.getLogger("service.frontend.registry")
 # The model a self-test runs on (a version not serving yet): `ModelRegistry.get` hands it to that task only.
 SELF_TEST: ContextVar[ServedModel | None] = ContextVar("self_test", default=None)
@@ -182,7 +183,9 @@ class ModelRegistry:
         if old is not None and old.version is not None and old.version != model.version and old.error is None:
             old.retired_at = time.monotonic()
             self._retiring.setdefault(model.name, []).append(old)
-        log.info("model %s: serving version %s", model.name, model.version)
+        # a random-weight demo (the export's offline `demo`) is said in the server's log too, not only /v1/models
+        demo = DEMO_NOTE if model.config is not None and model.config.demo else ""
+        log.info("model %s: serving version %s%s", model.name, model.version, demo)
         self.announce(model.name)
         self.sync()
 

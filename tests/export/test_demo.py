@@ -3,15 +3,21 @@ validated, and one line saying so. The hub path: test_demo_hub.py."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+from fastapi.testclient import TestClient
 from tokenizers import Tokenizer
 
 from export.cli import main
 from export.repository import read_config
+from service.frontend.http.app import create_app
+from service.frontend.registry import DEMO_NOTE
+from service.settings import Settings
+from tests.service.conftest import wait_for
 
 
-def test_demo_repository(tmp_path: Path, capsys) -> None:
+def test_demo_repository(tmp_path: Path, capsys, caplog) -> None:
     assert main(["demo", "--repository", str(tmp_path), "--quiet"]) == 0  # offline: tests/conftest.py
     out, err = capsys.readouterr()
     assert "[demo]" in out
@@ -31,3 +37,10 @@ def test_demo_repository(tmp_path: Path, capsys) -> None:
         tokenizer = Tokenizer.from_file(str(tmp_path / name / "tokenizer.json"))
         assert tokenizer.get_vocab_size() == 30522  # the real uncased WordPiece vocabulary
         assert tokenizer.encode("unbelievable").tokens == ["[CLS]", "unbelievable", "[SEP]"]
+
+    # served, each is said to be a demo in the server's log too (it was marked only in /v1/models)
+    caplog.set_level(logging.INFO, logger="service.frontend.registry")
+    with TestClient(create_app(Settings(repository=tmp_path))) as client:
+        assert wait_for(lambda: client.get("/readyz").status_code == 200)
+    said = [r.getMessage() for r in caplog.records if "serving version" in r.getMessage()]
+    assert len(said) == len(configs) and all(message.endswith(DEMO_NOTE) for message in said), said
