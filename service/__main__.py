@@ -19,7 +19,7 @@ from service.frontend.http.auth import ApiKeys, open_paths
 from service.frontend.http.repository_api import AdminKeys
 from service.frontend.http.server import serve
 from service.repository import discover
-from service.settings import Settings, settings_from_cli, unknown_variables
+from service.settings import Settings, settings_from_cli, unknown_flag, unknown_variables
 from service.supervisor.launcher import Launcher, listen_problem, resolve_engine_mode, uses_gpu
 from service.system.exit import exit_now
 
@@ -35,11 +35,13 @@ def source_of(setting: str, arguments: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
     refusal, warnings = unknown_variables(os.environ)
+    refusal = refusal if not {"-h", "--help"} & set(arguments) else None  # --help whatever the environment holds
+    refusal = refusal or unknown_flag(arguments)
     if refusal:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
-    arguments = sys.argv[1:] if argv is None else argv
     try:
         settings = settings_from_cli(arguments)
         discover(settings)  # refuse at once, with the reason, what cannot be served

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from bertcore.messages import shown
+from bertcore.messages import cut, shown
 from service.system.cpus import available_cpus
 
 ENV_PREFIX = "BERTSERVE_"
@@ -594,6 +594,24 @@ def api_key_problem(key: str) -> str | None:
         return f"is {len(key)} characters: at most {MAX_KEY_CHARS}"
     if not KEY_CHARS.fullmatch(key):
         return "has characters a Bearer token cannot carry: only A-Z a-z 0-9 - . _ ~ + / and trailing ="
+    return None
+
+
+def unknown_flag(arguments: list[str]) -> str | None:
+    """A refusal for the first `--flag` that is no setting's: argparse printed its 45-line usage before the error, and
+    suggested nothing."""
+    flags = {"--help"}
+    for name, field in Settings.model_fields.items():
+        flags.add(f"--{name.replace('_', '-')}")
+        if field.annotation is bool:
+            flags.add(f"--no-{name.replace('_', '-')}")
+    for argument in arguments:
+        flag = argument.split("=", 1)[0]
+        if not flag.startswith("--") or flag == "--" or flag in flags:
+            continue
+        close = difflib.get_close_matches(flag, sorted(flags), n=1, cutoff=TYPO_SIMILARITY)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return f"{cut(flag, 60)} is not a flag{hint} (python -m service --help lists them)"
     return None
 
 

@@ -104,6 +104,22 @@ def test_help_lists_every_setting_with_its_environment_variable() -> None:
         assert f"BERTSERVE_{name.upper()}" in done.stdout
 
 
+def test_a_flag_that_is_no_setting_is_one_line_with_the_one_meant() -> None:
+    """argparse printed its 45-line usage, then "unrecognized arguments", and suggested nothing."""
+    done = run_service("--max-batchsize", "8")
+    assert done.returncode == 2 and done.stderr == (
+        "error: --max-batchsize is not a flag; did you mean --max-batch-size? (python -m service --help lists them)\n"
+    )
+    done = run_service("--frobnicate=1")
+    assert done.returncode == 2 and done.stderr.startswith("error: --frobnicate is not a flag (python -m service")
+
+
+def test_help_is_shown_whatever_the_environment_holds(monkeypatch) -> None:
+    monkeypatch.setenv("BERTSERVE_API_KEY", "x")  # refused at start as the misspelt BERTSERVE_API_KEYS: not --help
+    done = run_service("--help")
+    assert done.returncode == 0 and "--max-batch-size" in done.stdout
+
+
 def test_bad_flag_value_exits_with_the_reason() -> None:
     done = run_service("--max-batch-size", "0")
     assert done.returncode == 2

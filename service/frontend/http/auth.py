@@ -135,7 +135,7 @@ class ApiKeys:
 
     @property
     def count(self) -> int:
-        return len(self._current())
+        return len(set(self._current()))  # one key given twice (a variable and the file) is one key
 
     def shares_a_key_with(self, other: ApiKeys) -> bool:
         """Whether a key is in force in both."""

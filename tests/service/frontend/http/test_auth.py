@@ -47,6 +47,7 @@ def test_every_key_of_the_settings_and_the_file_is_accepted_and_nothing_else(tmp
     write_keys(key_file, f"# team one\n{KEY_B}\n\n   {KEY_C}   # rotated 2026-11\n")
     keys = ApiKeys([KEY_A], key_file)
     assert keys.enabled and keys.count == 3
+    assert ApiKeys([KEY_B, KEY_B], key_file).count == 2  # a key given twice (a variable and the file) is one key
     for key in (KEY_A, KEY_B, KEY_C):
         assert keys.verify(key.encode())
     for wrong in (KEY_A[:-1], KEY_A + "x", b"", b"# team one", KEY_A.upper()):
