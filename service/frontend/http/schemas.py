@@ -111,6 +111,9 @@ class QaRequest(Strict):
     )
     max_question_len: StrictInt = Field(64, ge=1, description="as transformers' question-answering pipeline")
     handle_impossible_answer: StrictBool = Field(False, description="allow an empty answer")
+    align_to_words: StrictBool = Field(
+        True, description="answers on word boundaries; false: on the tokens' own (as transformers' pipeline)"
+    )
 
 
 class Answer(BaseModel):

@@ -118,6 +118,29 @@ def test_question_answering_gives_the_pipelines_recorded_answers(tiny_server: Se
     assert not failures, "\n".join(failures[:10])
 
 
+def test_the_native_qa_route_takes_every_parameter_of_the_task_api_and_answers_alike(tiny_server: Server) -> None:
+    """align_to_words was the task API's and OIP's, and a 422 on the native route."""
+    parameters = {
+        "top_k": 3,
+        "doc_stride": 8,
+        "max_answer_len": 6,
+        "max_seq_len": 24,
+        "max_question_len": 16,
+        "handle_impossible_answer": True,
+        "align_to_words": False,
+    }
+    inputs = [{"question": "Who met Maria?", "context": QA_CONTEXT}]
+    with tiny_server.client() as client:
+        native = client.post("/v1/models/distilbert-qa/qa", json={"inputs": inputs, **parameters})
+        task_api = client.post("/v1/models/distilbert-qa", json={"inputs": inputs, "parameters": parameters})
+        aligned = client.post(
+            "/v1/models/distilbert-qa/qa", json={"inputs": inputs, **parameters, "align_to_words": True}
+        )
+    assert native.status_code == 200 and task_api.status_code == 200, native.text
+    assert native.json()["results"] == task_api.json()
+    assert aligned.status_code == 200 and aligned.json()["results"] != native.json()["results"]
+
+
 def test_the_answer_shapes_follow_the_inputs(tiny_server: Server) -> None:
     with tiny_server.client() as client:
         pair = {"text": "who won?", "text_pair": "Japan won."}
