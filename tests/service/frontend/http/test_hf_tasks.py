@@ -20,6 +20,18 @@ LONG_TEXT = " ".join(NER_TEXTS * 3)  # past the tiny models' 64-token window: ta
 QA_CONTEXT = "Peter Blackburn met Maria Lopez in Brussels on Tuesday. The river flows through London to the sea."
 
 
+# every parameter of question answering, away from its defaults
+QA_PARAMETERS = {
+    "top_k": 3,
+    "doc_stride": 8,
+    "max_answer_len": 6,
+    "max_seq_len": 24,
+    "max_question_len": 16,
+    "handle_impossible_answer": True,
+    "align_to_words": False,
+}
+
+
 def entity_keys(strategy: str) -> tuple[str, ...]:
     return (
         ("entity", "index", "word", "start", "end") if strategy == "none" else ("entity_group", "word", "start", "end")
@@ -66,15 +78,7 @@ def test_the_hugging_face_clients_get_the_pipelines_answers(
         assert_same_labels(got, want, entity_keys("first"))
     assert all(entity["entity_group"] != "PER" or entity["word"] for entity in tagged[1]["result"])
 
-    parameters = {
-        "top_k": 3,
-        "doc_stride": 8,
-        "max_answer_len": 6,
-        "max_seq_len": 24,
-        "max_question_len": 16,
-        "handle_impossible_answer": True,
-        "align_to_words": False,
-    }
+    parameters = QA_PARAMETERS
     answered = call_hf_client(
         f"{tiny_server.url}/v1/models/distilbert-qa",
         [
@@ -120,15 +124,7 @@ def test_question_answering_gives_the_pipelines_recorded_answers(tiny_server: Se
 
 def test_the_native_qa_route_takes_every_parameter_of_the_task_api_and_answers_alike(tiny_server: Server) -> None:
     """align_to_words was the task API's and OIP's, and a 422 on the native route."""
-    parameters = {
-        "top_k": 3,
-        "doc_stride": 8,
-        "max_answer_len": 6,
-        "max_seq_len": 24,
-        "max_question_len": 16,
-        "handle_impossible_answer": True,
-        "align_to_words": False,
-    }
+    parameters = QA_PARAMETERS
     inputs = [{"question": "Who met Maria?", "context": QA_CONTEXT}]
     with tiny_server.client() as client:
         native = client.post("/v1/models/distilbert-qa/qa", json={"inputs": inputs, **parameters})
