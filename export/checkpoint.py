@@ -12,7 +12,14 @@ from typing import Any, cast
 import torch
 
 from bertcore.messages import cut, natural_order, one_line
-from export.architectures import ARCHITECTURES, Architecture, Task, supported_summary, task_of_architecture
+from export.architectures import (
+    ARCHITECTURES,
+    HEAD_SUFFIXES,
+    Architecture,
+    Task,
+    supported_summary,
+    task_of_architecture,
+)
 from export.embedding import (
     EmbeddingHead,
     SentenceEncoder,
@@ -244,9 +251,9 @@ def _resolve_task(source: str, class_name: str, requested: str, head: EmbeddingH
             "a checkpoint with a sequence classification, token classification or question answering head, or its "
             "encoder as an embedding model with --task embedding --pooling mean|cls|max [--normalize]"
         )
-    if not class_name and requested in ("classification", "ner", "qa"):
-        return cast(Task, requested)  # the head's weights are checked at their load: another head's are refused
     if not class_name:
+        if requested in HEAD_SUFFIXES.values():  # the head's weights are checked at their load: another's refused
+            return cast(Task, requested)
         raise ExportError(
             f"config.json of {source} names no architectures, so which head its weights hold is not known: give "
             "--task classification, ner or qa for a checkpoint fine-tuned with that head, or --task embedding "

@@ -19,7 +19,7 @@ from service.frontend.http.auth import ApiKeys, open_paths
 from service.frontend.http.repository_api import AdminKeys
 from service.frontend.http.server import serve
 from service.repository import discover
-from service.settings import Settings, settings_from_cli, unknown_flag, unknown_variables
+from service.settings import ENV_PREFIX, Settings, flag_of, settings_from_cli, unknown_flag, unknown_variables
 from service.supervisor.launcher import Launcher, listen_problem, resolve_engine_mode, uses_gpu
 from service.system.exit import exit_now
 
@@ -29,7 +29,7 @@ log = logging.getLogger("service")
 def source_of(setting: str, arguments: list[str]) -> str:
     """Where a setting's value came from, for its refusal: its flag, or its environment variable where that is set
     and the flag was not given (the refusal had named the setting alone, and a user looked for a flag never typed)."""
-    flag, variable = f"--{setting.replace('_', '-')}", f"BERTSERVE_{setting.upper()}"
+    flag, variable = flag_of(setting), f"{ENV_PREFIX}{setting.upper()}"
     given = any(argument == flag or argument.startswith(flag + "=") for argument in arguments)
     return f"from {variable}" if variable in os.environ and not given else flag
 
@@ -62,20 +62,21 @@ def main(argv: list[str] | None = None) -> int:
     settings.configure_logging()
     for warning in warnings:
         log.warning(warning)
-    if settings.devices and not uses_gpu(settings):  # started as asked (the tests run two CPU engines so), said
+    gpu, mode = uses_gpu(settings), resolve_engine_mode(settings)
+    if settings.devices and not gpu:  # started as asked (the tests run two CPU engines so), said
         log.warning(
             "devices %s lists CUDA devices and none can be used here (no NVIDIA device, no onnxruntime-gpu, or "
             "--device cpu): %d engine(s) on the CPU, each holding every model",
             settings.devices,
             len(settings.devices),
         )
-    for warning in settings.ineffective(resolve_engine_mode(settings), uses_gpu(settings)):
+    for warning in settings.ineffective(mode, gpu):
         log.warning(warning)
     if keys.enabled:
         log.info(
             "API keys: %d in force; open without a key: %s", keys.count, ", ".join(sorted(open_paths(settings)[0]))
         )
-    if resolve_engine_mode(settings) == "process":
+    if mode == "process":
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher takes it at once
         return Launcher(settings).run()
     if problem := listen_problem(settings):

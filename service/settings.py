@@ -531,7 +531,7 @@ class Settings(BaseSettings):
             found.append(f"--repository-poll-s has no effect with --model-control {self.model_control}: it is poll's")
         if self.cuda_graphs == "on" and not gpu:
             found.append("--cuda-graphs on has no effect on the CPU: graphs are captured on CUDA only")
-        cpu_only = [f"--{name.replace('_', '-')}" for name in ("cpu_streams", "cpu_lone_session") if name in given]
+        cpu_only = [flag_of(name) for name in ("cpu_streams", "cpu_lone_session") if name in given]
         if cpu_only and gpu and self.device_kind == "cuda":
             verb = "has" if len(cpu_only) == 1 else "have"
             found.append(f"{' and '.join(cpu_only)} {verb} no effect with --device cuda: they are for the CPU")
@@ -544,8 +544,7 @@ class Settings(BaseSettings):
         settings given (`to_env`). A setting the command line unset (`--otlp-endpoint ''`, `--models null`) has no
         variable in `to_env`, and the parent's own BERTSERVE_OTLP_ENDPOINT would otherwise be the child's: process
         mode sent traces, or served fewer models, where the same command in-process did not."""
-        settings_names = {f"{ENV_PREFIX}{name.upper()}" for name in type(self).model_fields}
-        kept = {name: value for name, value in environ.items() if name.upper() not in settings_names}
+        kept = {name: value for name, value in environ.items() if name.upper() not in SETTING_VARIABLES}
         return {**kept, **self.to_env()}
 
     def configure_logging(self) -> None:
@@ -597,14 +596,23 @@ def api_key_problem(key: str) -> str | None:
     return None
 
 
+# Every setting's environment variable
+SETTING_VARIABLES = frozenset(f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields)
+
+
+def flag_of(setting: str) -> str:
+    """A setting's command-line flag: max_batch_size -> --max-batch-size."""
+    return f"--{setting.replace('_', '-')}"
+
+
 def unknown_flag(arguments: list[str]) -> str | None:
     """A refusal for the first `--flag` that is no setting's: argparse printed its 45-line usage before the error, and
     suggested nothing."""
     flags = {"--help"}
     for name, field in Settings.model_fields.items():
-        flags.add(f"--{name.replace('_', '-')}")
+        flags.add(flag_of(name))
         if field.annotation is bool:
-            flags.add(f"--no-{name.replace('_', '-')}")
+            flags.add(f"--no-{flag_of(name)[2:]}")
     for argument in arguments:
         flag = argument.split("=", 1)[0]
         if not flag.startswith("--") or flag == "--" or flag in flags:
@@ -642,7 +650,7 @@ def unknown_variables(environ: Mapping[str, str]) -> tuple[str | None, list[str]
     """BERTSERVE_* variables that set nothing, which pydantic-settings passes over in silence: (a refusal, for one
     that looks like a misspelt setting, BERTSERVE_API_KEY for BERTSERVE_API_KEYS would serve with no key; warnings,
     for the others). Names in any case, as pydantic-settings reads them (bertserve_api_keys is a setting)."""
-    names = [f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields]
+    names = sorted(SETTING_VARIABLES)
     unknown = sorted(
         name
         for name in environ

@@ -237,9 +237,7 @@ def json_kind(value: object) -> str:
         return "a boolean"
     if isinstance(value, int | float):
         return "a number"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
+    if isinstance(value, dict):  # an array cannot come here: a tensor's nested data is read flat
         return "an object"
     return f"a {type(value).__name__}"
 
@@ -296,9 +294,11 @@ async def infer(
     options = check_parameters(task, parameters)
     _shorten_deadline(ticket, parameters.get("timeout"))
     names = {spec.name for spec in task.outputs}
-    for i, name in enumerate(requested or ()):
-        if requested is not None and name in requested[:i]:  # it was answered once, as if asked once
+    asked: set[str] = set()
+    for name in requested or ():
+        if name in asked:  # it was answered once, as if asked once
             raise BadRequest(f"output {shown(name, 102)} is requested twice: name each output once")
+        asked.add(name)
         if name not in names:
             raise BadRequest(f"output {shown(name, 102)}: model {model.name} has outputs {', '.join(sorted(names))}")
     texts = _inputs(task, inputs, pipeline)

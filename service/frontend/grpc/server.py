@@ -312,10 +312,8 @@ def _client(peer: str) -> tuple[str, int] | None:
     return (host.strip("[]"), int(port)) if port.isdigit() else None
 
 
-SERVED_METHODS = ["ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer"]
-
-
-def handler(state: ServerState, keys: ApiKeys) -> grpc.GenericRpcHandler:
+def handlers(state: ServerState, keys: ApiKeys) -> tuple[grpc.GenericRpcHandler, NotServed]:
+    """The service's methods; and the handler to consult last, for any other call, which names these."""
     service = InferenceService(state, keys)
     methods: dict[str, tuple[Method, Any, Any]] = {
         "ServerLive": (service.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
@@ -325,7 +323,7 @@ def handler(state: ServerState, keys: ApiKeys) -> grpc.GenericRpcHandler:
         "ModelMetadata": (service.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
         "ModelInfer": (service.model_infer, pb.ModelInferRequest, pb.ModelInferResponse),
     }
-    return grpc.method_handlers_generic_handler(
+    served = grpc.method_handlers_generic_handler(
         SERVICE,
         {
             name: grpc.unary_unary_rpc_method_handler(
@@ -336,6 +334,7 @@ def handler(state: ServerState, keys: ApiKeys) -> grpc.GenericRpcHandler:
             for name, (method, request_type, response_type) in methods.items()
         },
     )
+    return served, NotServed(list(methods))
 
 
 class NotServed(grpc.GenericRpcHandler):
@@ -402,9 +401,10 @@ class GrpcServer:
             ("grpc.max_connection_age_grace_ms", int((s.request_timeout_s + 5) * 1000)),
         ]
         server = grpc.aio.server(options=options)
-        server.add_generic_rpc_handlers((handler(self.state, self.keys),))
+        served, not_served = handlers(self.state, self.keys)
+        server.add_generic_rpc_handlers((served,))
         self.health = health.add_to(server, self.state)
-        server.add_generic_rpc_handlers((NotServed(SERVED_METHODS),))  # after every handler that serves
+        server.add_generic_rpc_handlers((not_served,))  # after every handler that serves
         host = f"[{s.host}]" if ":" in s.host else s.host
         try:
             server.add_insecure_port(f"{host}:{s.grpc_port}")
