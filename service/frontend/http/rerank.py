@@ -39,14 +39,23 @@ def ranked(scores: list[float], top_n: int | None) -> list[dict[str, Any]]:
     return [{"index": index, "relevance_score": scores[index]} for index in order[:top_n]]
 
 
+DOCUMENTS_PER_SEARCH_UNIT = 100
+
+
+def search_units(documents: int) -> int:
+    """Cohere bills a search unit per query of up to 100 documents. A document past the model's window is cut or
+    refused here (`--token-overflow`), never split into chunks, so each counts once."""
+    return max(1, -(-documents // DOCUMENTS_PER_SEARCH_UNIT))
+
+
 def envelope(
-    name: str, results: list[dict[str, Any]], version: str, timings: Timings, ticket: Ticket
+    name: str, results: list[dict[str, Any]], documents: int, version: str, timings: Timings, ticket: Ticket
 ) -> dict[str, Any]:
     return {
         "id": ticket.request_id or "",
         "model": name,
         "results": results,
-        "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}},
+        "meta": {"api_version": {"version": version}, "billed_units": {"search_units": search_units(documents)}},
         "usage": {"total_tokens": timings.tokens},
     }
 
@@ -66,7 +75,9 @@ async def serve_v1(request: Request) -> Response:
         for result in results:
             document = body.documents[result["index"]]
             result["document"] = {"text": document} if isinstance(document, str) else document.model_dump()
-    return JsonAnswer(envelope(name, results, "1", timings, ticket), headers=timing_headers(timings, ticket))
+    return JsonAnswer(
+        envelope(name, results, len(texts), "1", timings, ticket), headers=timing_headers(timings, ticket)
+    )
 
 
 async def serve_v2(request: Request) -> Response:
@@ -80,7 +91,10 @@ async def serve_v2(request: Request) -> Response:
             body.model, body.query, body.documents, ticket, max_tokens_per_doc=body.max_tokens_per_doc
         )
     results = ranked(scores, body.top_n)
-    return JsonAnswer(envelope(body.model, results, "2", timings, ticket), headers=timing_headers(timings, ticket))
+    return JsonAnswer(
+        envelope(body.model, results, len(body.documents), "2", timings, ticket),
+        headers=timing_headers(timings, ticket),
+    )
 
 
 ROUTES = (

@@ -8,6 +8,7 @@ import math
 import cohere
 import pytest
 
+from service.frontend.http.rerank import search_units
 from tests.harness.hf_client import call_hf_client
 from tests.service.conftest import RERANK_MODEL, Server
 from tests.service.frontend.http.test_api import counted
@@ -79,7 +80,13 @@ def test_a_rerank_request_is_one_requests_rows(tiny_server: Server) -> None:
     assert response.headers["x-rows"] == str(len(DOCUMENTS)) and "x-queue-time-ms" in response.headers
     assert response.json()["id"] == response.headers["x-request-id"]
     assert response.json()["usage"]["total_tokens"] > len(DOCUMENTS) * 5
+    assert response.json()["meta"]["billed_units"] == {"search_units": 1}
     assert counted(metrics, RERANK_MODEL, "rerank") >= 1
+
+
+@pytest.mark.parametrize(("documents", "units"), [(1, 1), (100, 1), (101, 2), (250, 3)])
+def test_a_search_unit_is_a_query_of_up_to_100_documents(documents: int, units: int) -> None:
+    assert search_units(documents) == units
 
 
 def test_a_refused_body_is_counted_under_the_model_it_names(tiny_server: Server) -> None:
