@@ -356,6 +356,16 @@ class Settings(BaseSettings):
             raise ValueError(f"is empty: give {what}")
         return value
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _whole_number(cls, value: object, info: ValidationInfo) -> object:
+        """A whole number is written in digits: "18105.0" and "1_8105" were read as 18105 (Python's int() and
+        float() take both), so a typo or a float from a template passed for a port or a count."""
+        annotation = cls.model_fields[info.field_name or ""].annotation
+        if annotation in (int, int | None) and isinstance(value, str) and not WHOLE_NUMBER.fullmatch(value.strip()):
+            raise ValueError(f"{shown(value, 40)} is not a whole number (digits only)")
+        return value
+
     @field_validator("otlp_endpoint")
     @classmethod
     def _otlp_endpoint(cls, endpoint: str | None) -> str | None:
@@ -374,6 +384,8 @@ class Settings(BaseSettings):
     def _device(cls, device: str) -> str:
         if not DEVICE.fullmatch(device):
             raise ValueError(f"{device!r} is not a device: 'cpu', 'cuda' or 'auto', or cuda:N for CUDA device N")
+        if device.startswith("cuda:") and int(device[5:]) > MAX_DEVICE:
+            raise ValueError(f"CUDA device numbers are 0-{MAX_DEVICE}: {device}")
         return device
 
     @field_validator("devices")
@@ -583,6 +595,7 @@ ORIGIN = re.compile(r"https?://[^/\s,]+")
 OTLP_URL = re.compile(r"https?://[^/\s?#]+(/[^\s?#]*)?")
 DEVICE = re.compile(r"cpu|cuda|auto|cuda:\d{1,2}")
 MAX_DEVICE = 63
+WHOLE_NUMBER = re.compile(r"[+-]?\d+")
 
 
 def api_key_problem(key: str) -> str | None:

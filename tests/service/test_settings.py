@@ -82,6 +82,10 @@ def test_cpu_streams_default_to_two_where_there_are_two_threads() -> None:
         ({"request_timeout_s": 5, "max_queue_s": 5}, "work admitted to wait that long would time out"),
         ({"port": 70000}, "less than or equal to 65535"),
         ({"device": "tpu"}, "'cpu', 'cuda' or 'auto'"),
+        ({"device": "cuda:99"}, "CUDA device numbers are 0-63"),  # --devices capped it, --device did not
+        ({"port": "18105.0"}, "'18105.0' is not a whole number"),  # was read as 18105
+        ({"max_batch_size": "1_6"}, "'1_6' is not a whole number"),  # Python's int() takes underscores
+        ({"otlp_max_queue_spans": "0x10"}, "'0x10' is not a whole number"),
         ({"max_queue_rows": 0}, "greater than or equal to 1"),
         ({"max_qa_windows": 0}, "greater than or equal to 1"),
         ({"release_memory_idle_s": -1}, "greater than or equal to 0"),
