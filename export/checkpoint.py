@@ -335,14 +335,15 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
         )
     unexpected = sorted(info.get("unexpected_keys", ()))
     if missing:
-        shown = ", ".join(missing[:4])
+        shown = _first_few(missing, ", ", count=4, more_of="tensors")
         # weights of another head or layout beside the missing ones: the config names another model than the weights
         other = sorted(  # a head's names first: a pooler the other head had says less
             (key for key in unexpected if not key.endswith(NON_PERSISTENT_SUFFIXES)),
             key=lambda key: ("pooler" in key, key),
         )
         hint = (
-            f"; its weights hold parts this model has not ({', '.join(other[:3])}): config.json's architectures and "
+            f"; its weights hold parts this model has not ({_first_few(other, ', ', more_of='tensors')}): "
+            "config.json's architectures and "
             "model_type may not describe them"
             if other
             else ""

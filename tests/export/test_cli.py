@@ -170,7 +170,8 @@ CASES = [
         "another-head",
         [],
         "lacks trained weights for part of the qa model (qa_outputs.bias, qa_outputs.weight): export a checkpoint "
-        "fine-tuned for this task; its weights hold parts this model has not (classifier.bias, classifier.weight, ",
+        "fine-tuned for this task; its weights hold parts this model has not (classifier.bias, classifier.weight, "
+        "bert.pooler.dense.bias (and 1 more tensors)): config.json",
     ),
     ("tiny", ["--eval-limit", "5"], "--eval-limit limits the examples of --eval: give --eval too"),
     ("tiny", ["--variants", "fp32", "--calibration", "CALIBRATION"], "--variants fp32 has no int8"),
