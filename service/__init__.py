@@ -6,3 +6,5 @@ server in in-process mode), `frontend/` (the request pipeline and its HTTP edge;
 the modules here (settings, errors, logs, metrics, repository, probes) are used by every process. Text and tasks sit
 in `bertcore`, below both this package and `export`. docs/architecture.md has the map.
 """
+
+import bertcore.no_telemetry  # noqa: F401  (before any onnxruntime import: it calls home unless told not to)

@@ -11,12 +11,13 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+import bertcore.no_telemetry  # noqa: F401  (tests load onnxruntime directly too: it calls home unless told not to)
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
