@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("service.engine")
 # The longest a load call waits for every front-end to serve the new version (each self-tests it first)
 LOAD_SETTLE_S = 60.0
+# Polling loads a changed entry once its files have sat still this long: files copied over a served entry in place
+# (`cp -r`, rsync) could be read between one file and the next, and loaded half old, half new, or fail to load
+# (logged, counted and alerted on)
+WRITE_QUIET_S = 1.0
 
 
 @dataclass(eq=False)
@@ -138,6 +142,7 @@ class EngineCore:
         self._described: dict[str, dict[Gauge, tuple[str, ...]]] = {}  # model -> its info series (`_describe`)
         self.loaded_file: Path | None = None  # where the models loaded now are kept for a restart (`_record_loaded`)
         self._loaded = set(settings.model or ())  # explicit control: the models loaded now (`_record_loaded`)
+        self.write_quiet_s = WRITE_QUIET_S
 
     def load(self) -> None:
         """Open every entry's session. StartupError where a model fails and --load-failure is fail."""
@@ -643,6 +648,8 @@ class EngineCore:
             if model is not None and model.current is not None and model.current.version == version:
                 self._settle(model)
                 continue
+            if await asyncio.to_thread(self._written_lately, entry):
+                continue  # being copied in place: the next scan
             with contextlib.suppress(LoadFailed, ModelNotFound, BadRequest):  # logged, counted and reported
                 await self.load_model(name)
         for name in [name for name in self.models if name not in entries]:
@@ -650,6 +657,17 @@ class EngineCore:
             if self._missing[name] >= 2 and self.models[name].status != ModelStatus.UNLOADING:
                 log.info("model %s: its entry is gone from the repository; unloading", name)
                 await self.unload_model(name)
+
+    def _written_lately(self, entry: Path) -> bool:
+        """Whether a file of the entry was written (or its metadata changed) within `write_quiet_s`: ctime, which
+        every write moves, and `cp -p` or rsync's preserved times do not hide. Files stamped by a clock ahead of
+        this one by more than that (a network filesystem's server) do not hold a load back."""
+        try:
+            newest = max((ctime for *_, ctime in file_signature(entry)), default=0)
+        except OSError:
+            return True
+        age_s = (time.time_ns() - newest) / 1e9
+        return -self.write_quiet_s < age_s < self.write_quiet_s
 
     async def stop(self) -> None:
         for task in list(self._closing):

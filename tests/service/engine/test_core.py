@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.engine.core import EngineCore
+from service.engine.core import WRITE_QUIET_S, EngineCore
 from service.errors import LoadFailed
 from service.metrics import Metrics
 from service.settings import Settings
@@ -92,8 +92,12 @@ def test_a_load_call_waits_for_every_front_end_and_fails_where_one_turns_it_down
     asyncio.run(scenario())
 
 
-def poll_settings(repository: Path) -> Settings:
-    return Settings(repository=repository, model_control="poll", device="cpu", threads=1)
+def poll_core(repository: Path, metrics: Metrics) -> EngineCore:
+    """A polling engine that loads an entry however lately its files were written (its tests publish, then poll
+    at once; `test_polling_waits_for_files_copied_in_place_to_sit_still` keeps the wait)."""
+    core = EngineCore(Settings(repository=repository, model_control="poll", device="cpu", threads=1), metrics)
+    core.write_quiet_s = 0
+    return core
 
 
 def test_polling_tries_a_failed_version_again_once_its_files_are_written_again(
@@ -107,7 +111,7 @@ def test_polling_tries_a_failed_version_again_once_its_files_are_written_again(
     publish(repository, "a", tiny_repository / "bert-classification")
 
     async def scenario() -> None:
-        core = EngineCore(poll_settings(repository), Metrics())
+        core = poll_core(repository, Metrics())
         try:
             core.connect("front-end")
             await core.poll_once()
@@ -146,7 +150,7 @@ def test_a_failed_load_is_over_once_the_entry_is_the_version_serving_again(tiny_
         return metrics.model_load_failed.labels("a")._value.get()
 
     async def scenario() -> None:
-        core = EngineCore(poll_settings(repository), metrics)
+        core = poll_core(repository, metrics)
         try:
             await core.poll_once()
             first = await offered(core, "a", None)
@@ -185,7 +189,7 @@ def test_polling_does_not_load_again_an_entry_that_failed_at_start_with_the_same
         return metrics.model_loads.labels("a", "failed")._value.get()
 
     async def scenario() -> None:
-        core = EngineCore(poll_settings(repository), metrics)
+        core = poll_core(repository, metrics)
         try:
             core.load()
             assert core.models["a"].status == "failed" and failures() == 1
@@ -195,6 +199,37 @@ def test_polling_does_not_load_again_an_entry_that_failed_at_start_with_the_same
             await core.poll_once()
             await offered(core, "a", None)
             assert core.models["a"].status == "ready" and failures() == 1
+        finally:
+            await core.stop()
+
+    asyncio.run(scenario())
+
+
+def test_polling_waits_for_files_copied_in_place_to_sit_still(tiny_repository: Path, tmp_path: Path) -> None:
+    """Files copied over a served entry (`cp -r new/* models/a/`) were loaded by a scan that came between one file
+    and the next: half old, half new, or a failed load logged, counted and alerted on. A changed entry loads once
+    its files have sat still for WRITE_QUIET_S."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    publish(repository, "a", tiny_repository / "bert-classification")
+    newer = tmp_path / "newer"
+    publish(tmp_path, "newer", tiny_repository / "bert-classification")
+
+    async def scenario() -> None:
+        core = EngineCore(Settings(repository=repository, model_control="poll", device="cpu", threads=1), Metrics())
+        assert core.write_quiet_s == WRITE_QUIET_S
+        try:
+            await asyncio.sleep(WRITE_QUIET_S)
+            await core.poll_once()
+            first = await offered(core, "a", None)
+            for path in newer.iterdir():  # copied over it in place, file by file
+                shutil.copy(path, repository / "a" / path.name)
+            await core.poll_once()
+            assert core.models["a"].current.version == first  # type: ignore[union-attr]
+            assert core.models["a"].loading is None and core.models["a"].load_error is None
+            await asyncio.sleep(WRITE_QUIET_S)
+            await core.poll_once()
+            assert await offered(core, "a", first) != first
         finally:
             await core.stop()
 
