@@ -342,6 +342,18 @@ def test_failures_while_a_stage_settles_still_count(
     assert "first 2.0 s of a stage" in text
 
 
+def test_a_rate_stage_spreads_its_users_first_requests(stub_url: str, tmp_path: Path) -> None:
+    """Locust runs a task before it asks `wait_time`, so every user's first request went at once (75 users: 75
+    requests in 100 ms, an overload opening a run of 30 requests/s). Each now waits its user's random phase of the
+    interval (8 users at 8/s: 1 s): 8 phases spread less than 0.2 s about once in 10,000 runs."""
+    report = tmp_path / "report"
+    rate = ("--shape", "rate", "--rates", "8", "--stage-seconds", "2", "--rate-users", "8", "--max-seconds", "2")
+    result = run_loadtest("--url", stub_url, *rate, "--settle-seconds", "0", "--batch", "1", "--report", str(report))
+    assert result.returncode in (0, 1), result.stdout + result.stderr  # the stub sheds and answers badly
+    starts = sorted(float(row["start_epoch"]) for row in locust_rows(report, "requests.csv"))
+    assert len(starts) >= 8 and starts[7] - starts[0] > 0.2, starts[:8]
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -413,6 +425,9 @@ def test_requests_unanswered_when_the_load_stops_are_failures(
         (row,) = list(csv.DictReader(stream))
     assert row["outcome"] == "fail" and row["error"] == "no answer 10 s after the load stopped"
     assert float(row["response_ms"]) > 10_000
+    # the stage ends when the load stops, not when Locust exits after that wait (its rates read low by it)
+    (stage,) = locust_rows(report, "stages.csv")
+    assert 1.5 < float(stage["end_epoch"]) - float(stage["start_epoch"]) < 4, stage
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
