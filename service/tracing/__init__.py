@@ -177,6 +177,13 @@ def traceparent(context: SpanContext) -> str:
 
 
 HEX_2, HEX_16, HEX_32 = (re.compile(f"[0-9a-f]{{{n}}}") for n in (2, 16, 32))
+# W3C trace context's tracestate member: a key (lower case; "tenant@system" for a multi-tenant vendor), "=", a value
+# of printable ASCII without "," and "=" that does not end in a space; 32 members at most
+TRACESTATE_MEMBER = re.compile(
+    r"([a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=([\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e])"
+)
+TRACESTATE_MAX_MEMBERS = 32
 
 
 def parse_traceparent(value: str | bytes | None) -> SpanContext | None:
@@ -215,10 +222,28 @@ def client_parent(values: Sequence[str | bytes], states: Sequence[str | bytes] =
         return parent
     from opentelemetry.trace.span import TraceState
 
-    trace_state = TraceState.from_header([v.decode("latin-1") if isinstance(v, bytes) else v for v in states])
+    members = trace_state_members([v.decode("latin-1") if isinstance(v, bytes) else v for v in states])
     return SpanContext(
-        parent.trace_id, parent.span_id, is_remote=True, trace_flags=parent.trace_flags, trace_state=trace_state
+        parent.trace_id, parent.span_id, is_remote=True, trace_flags=parent.trace_flags, trace_state=TraceState(members)
     )
+
+
+def trace_state_members(states: Sequence[str]) -> list[tuple[str, str]]:
+    """A client's `tracestate` headers as one list of members; none where one is malformed, a key comes twice or
+    there are over 32. Read here, quietly: OpenTelemetry's `TraceState.from_header` logs a warning holding the
+    client's text for each malformed one, so that any client could write its words, 16 KiB a request, into the
+    server's log."""
+    members: dict[str, str] = {}
+    for state in states:
+        for member in state.split(","):
+            member = member.strip(" \t")
+            if not member:
+                continue
+            found = TRACESTATE_MEMBER.fullmatch(member)
+            if found is None or found.group(1) in members:
+                return []
+            members[found.group(1)] = found.group(2)
+    return list(members.items()) if len(members) <= TRACESTATE_MAX_MEMBERS else []
 
 
 def set_error(span: trace.Span, error_type: str, status: int, message: str | None = None) -> None:

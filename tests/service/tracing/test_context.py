@@ -172,7 +172,8 @@ def test_one_traceparent_is_a_parent_none_or_two_are_none() -> None:
     assert tracing.client_parent([header, header]) is None
 
 
-def test_a_clients_tracestate_goes_with_its_traceparent_and_a_malformed_one_is_dropped() -> None:
+def test_a_clients_tracestate_goes_with_its_traceparent_and_a_malformed_one_is_dropped(caplog) -> None:
+    """Dropped quietly: OpenTelemetry's parser logged a warning holding the client's text for each malformed one."""
     header = f"00-{TRACE_ID}-{SPAN_ID}-01"
     parent = tracing.client_parent([header], [b"congo=t61rcWkgMzE", "rojo=00f067aa0ba902b7"])
     assert parent is not None and parent.trace_state.to_header() == "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
@@ -180,6 +181,12 @@ def test_a_clients_tracestate_goes_with_its_traceparent_and_a_malformed_one_is_d
     assert tracing.client_parent([header], ["bad key=1"]).trace_state.to_header() == ""
     assert tracing.client_parent([header], ["rojo=1,rojo=2"]).trace_state.to_header() == ""  # a key twice
     assert tracing.client_parent([], ["congo=1"]) is None  # no traceparent: a trace of our own, its state empty
+    assert tracing.client_parent([header], [",".join(f"k{i}=v" for i in range(33))]).trace_state.to_header() == ""
+    kept = tracing.client_parent([header], [",".join(f"k{i}=v" for i in range(31)), " t@sys=a b ,"])
+    assert len(kept.trace_state) == 32 and kept.trace_state["t@sys"] == "a b"  # a vendor's tenant key, two headers
+    caplog.clear()
+    assert tracing.client_parent([header], ["ATTACKER TEXT " * 200]).trace_state.to_header() == ""
+    assert not [record for record in caplog.records if "ATTACKER" in record.getMessage()]
 
 
 def test_a_step_that_fails_for_the_client_is_not_marked_as_the_servers_error(monkeypatch) -> None:
