@@ -1,6 +1,7 @@
 """Request ids, the log format and the access log.
 
-- Every request gets an id: the client's `x-request-id` where it is sane (printable ASCII, 1-128 characters), else
+- Every request gets an id: the client's `x-request-id` where it is sane (printable ASCII without spaces, `=`,
+  brackets, quotes or backslashes, 1-128 characters), else
   a new uuid4 hex. It is returned on every response (errors included: 401, 413, 500, and the protocol's own 400,
   408, 414 and 431) and set in a context variable for the request's task, so every line logged while handling it
   carries it: `RequestIdFilter` on the one handler every logger reaches writes it into each record.
@@ -30,7 +31,9 @@ REQUEST_ID_HEADER = b"x-request-id"
 SCOPE_REQUEST_ID = "bertserve.request_id"
 SCOPE_STATUS = "bertserve.status"
 MAX_REQUEST_ID_CHARS = 128
-_SANE_ID = re.compile(rb"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
+# Printable ASCII without spaces, "=", brackets, quotes or backslashes: an id "abc trace_id=... span_id=..." wrote a
+# trace's ids of the client's choosing into each of its request's text lines, ahead of the real ones
+_SANE_ID = re.compile(rb"[!#-<>-Z^-~]+")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 # With traces on (--otlp-endpoint): the trace and span the line was logged in ("-" outside a sampled one)
 TRACED_TEXT_FORMAT = (

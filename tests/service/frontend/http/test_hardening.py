@@ -357,7 +357,10 @@ def test_upgrade_requests_are_answered_as_plain_http(hardened) -> None:
 def test_request_ids_are_accepted_when_sane_generated_otherwise_and_always_returned(hardened) -> None:
     with httpx.Client(base_url=hardened.url, timeout=30) as client:
         cases = [
-            ("GET", "/livez", None, "trace-7f3a/b:c d", "trace-7f3a/b:c d"),
+            ("GET", "/livez", None, "trace-7f3a/b:c_d", "trace-7f3a/b:c_d"),
+            # it forged a trace's ids in the text log, ahead of the real ones: [abc trace_id=... span_id=...]
+            ("GET", "/livez", None, f"abc trace_id={'d' * 32} span_id={'1' * 16}", None),
+            ("GET", "/livez", None, "abc]x", None),
             ("GET", "/livez", None, "x" * 128, "x" * 128),
             ("GET", "/livez", None, "x" * 129, None),
             ("GET", "/livez", None, "", None),
