@@ -371,13 +371,23 @@ class Settings(BaseSettings):
     def _otlp_endpoint(cls, endpoint: str | None) -> str | None:
         if endpoint is None or not endpoint.strip():
             return None
-        if not OTLP_URL.fullmatch(endpoint.strip()):
-            raise ValueError(f"{shown(endpoint, 202)} is not an OTLP URL: http(s)://host[:port][/path]")
+        endpoint = endpoint.strip()
+        # A password in the URL is never echoed: "user:secret@host" is said as "...@host"
+        said = shown(CREDENTIALS.sub(r"\1...@", endpoint), 202)
+        if not OTLP_URL.fullmatch(endpoint):
+            raise ValueError(f"{said} is not an OTLP URL: http(s)://host[:port][/path]")
+        if CREDENTIALS.match(endpoint):
+            # gRPC's exporter took "user:secret@host" as the host name: nothing exported, and the secret in every
+            # failed export's log line; HTTP's sent it as Basic auth. The exporters' own variable takes it for both.
+            raise ValueError(
+                f"{said} holds credentials: give them as a header, OTEL_EXPORTER_OTLP_HEADERS="
+                "'authorization=Basic%20BASE64' (read by both OTLP protocols), and the URL without them"
+            )
         try:  # a port past 65535, an unclosed [IPv6 address: a traceback in the exporter, at start
-            _ = urlsplit(endpoint.strip()).port
+            _ = urlsplit(endpoint).port
         except ValueError as error:
-            raise ValueError(f"{shown(endpoint, 202)} is not an OTLP URL: {error}") from None
-        return endpoint.strip()
+            raise ValueError(f"{said} is not an OTLP URL: {error}") from None
+        return endpoint
 
     @field_validator("device")
     @classmethod
@@ -593,6 +603,7 @@ MAX_KEY_CHARS = 4096
 NEW_KEY_COMMAND = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 ORIGIN = re.compile(r"https?://[^/\s,]+")
 OTLP_URL = re.compile(r"https?://[^/\s?#]+(/[^\s?#]*)?")
+CREDENTIALS = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s?#]*@")  # user[:password]@ before the host
 DEVICE = re.compile(r"cpu|cuda|auto|cuda:\d{1,2}")
 MAX_DEVICE = 63
 WHOLE_NUMBER = re.compile(r"[+-]?\d+")

@@ -144,6 +144,7 @@ class OtlpReceiver:
         self._lock = threading.Lock()
         self._spans: list[ReceivedSpan] = []
         self._exports = 0
+        self._authorizations: list[str | None] = []
         self._http: ThreadingHTTPServer | None = None
         self._http_thread: threading.Thread | None = None
         self._grpc: grpc.Server | None = None
@@ -207,6 +208,12 @@ class OtlpReceiver:
         with self._lock:
             return self._exports
 
+    @property
+    def authorizations(self) -> list[str | None]:
+        """Each export request's `authorization` header (HTTP) or metadata entry (gRPC), None where it had none."""
+        with self._lock:
+            return list(self._authorizations)
+
     def spans(self) -> list[ReceivedSpan]:
         """The spans received so far, in arrival order (a copy)."""
         with self._lock:
@@ -232,11 +239,14 @@ class OtlpReceiver:
                 )
             time.sleep(0.05)
 
-    def _record(self, request: trace_service_pb2.ExportTraceServiceRequest | None) -> None:
+    def _record(
+        self, request: trace_service_pb2.ExportTraceServiceRequest | None, authorization: str | None = None
+    ) -> None:
         """One export request: counted always, its spans kept unless this receiver fails every export."""
         spans = spans_of(request) if request is not None and not self.fail else []
         with self._lock:
             self._exports += 1
+            self._authorizations.append(authorization)
             self._spans.extend(spans)
 
 
@@ -247,7 +257,9 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext
     ) -> trace_service_pb2.ExportTraceServiceResponse:
-        self.receiver._record(request)
+        metadata = dict(context.invocation_metadata())
+        authorization = metadata.get("authorization")
+        self.receiver._record(request, authorization if isinstance(authorization, str) else None)
         if self.receiver.fail:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the test collector fails every export")
         return trace_service_pb2.ExportTraceServiceResponse()
@@ -281,7 +293,7 @@ def _handler_for(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
             except (OSError, EOFError, zlib.error, DecodeError) as error:
                 receiver._record(None)
                 return self._answer(400, f"undecodable request: {error}".encode(), "text/plain")
-            receiver._record(request)
+            receiver._record(request, self.headers.get("Authorization"))
             if receiver.fail:
                 return self._answer(503, b"the test collector fails every export", "text/plain")
             self._answer(200, trace_service_pb2.ExportTraceServiceResponse().SerializeToString(), PROTOBUF)

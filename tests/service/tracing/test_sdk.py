@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Sequence
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import Link, SpanContext, TraceFlags
+from pydantic import ValidationError
 
-from service.tracing.sdk import CountingBatchProcessor, CountingExporter, RatioOrLinked
+from service.settings import Settings
+from service.tracing.sdk import CountingBatchProcessor, CountingExporter, RatioOrLinked, otlp_exporter
+from tests.harness.otlp_receiver import OtlpReceiver
 
 
 def context(sampled: bool) -> SpanContext:
@@ -75,3 +80,22 @@ def test_a_stop_waits_for_a_stuck_collector_only_so_long() -> None:
     provider.shutdown()  # the exporter holds its export for 10 s
     assert time.perf_counter() - started < 3.0
     stuck.release.set()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_collectors_credentials_go_as_the_header_the_refusal_names(protocol: str, monkeypatch) -> None:
+    """A URL's "user:secret@" was the host name to the gRPC exporter (nothing exported, the secret in each failed
+    export's log line): such a URL is refused, naming OTEL_EXPORTER_OTLP_HEADERS, which both exporters send."""
+    with pytest.raises(ValidationError, match=r"'http://\.\.\.@127\.0\.0\.1:4317' holds credentials") as refused:
+        Settings(otlp_endpoint="http://user:s3cret@127.0.0.1:4317")
+    assert "s3cret" not in str(refused.value)
+    header = re.search(r"OTEL_EXPORTER_OTLP_HEADERS='([^']+)'", str(refused.value))
+    assert header is not None and header.group(1) == "authorization=Basic%20BASE64"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Basic%20dXNlcjpzM2NyZXQ=")
+    with OtlpReceiver(protocol) as receiver:
+        exporter = otlp_exporter(Settings(otlp_endpoint=receiver.endpoint, otlp_timeout_s=5), protocol)
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.get_tracer("test").start_span("request").end()
+        provider.shutdown()
+        assert receiver.authorizations == ["Basic dXNlcjpzM2NyZXQ="]
