@@ -80,7 +80,10 @@ def configure(settings: Settings, process: str, on_dropped: DroppedCounter | Non
     )
     sampler = ParentBased(tracing_sdk.RatioOrLinked(settings.trace_sample_ratio))
     provider = TracerProvider(resource=resource, sampler=sampler)
-    exporter = tracing_sdk.CountingExporter(tracing_sdk.otlp_exporter(settings, protocol_of(settings)), count)
+    tracing_sdk.hold_repeats()
+    exporter = tracing_sdk.CountingExporter(
+        tracing_sdk.otlp_exporter(settings, protocol_of(settings)), count, settings.otlp_endpoint
+    )
     provider.add_span_processor(tracing_sdk.CountingBatchProcessor(exporter, settings.otlp_max_queue_spans, count))
     _provider = provider
     _tracer = provider.get_tracer(SCOPE)

@@ -3,6 +3,9 @@ exporter of the chosen protocol, and the counting of dropped spans."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -21,6 +24,17 @@ HTTP_TRACES_PATH = "/v1/traces"
 EXPORT_BATCH_SPANS = 512
 EXPORT_DELAY_MS = 1000
 SHUTDOWN_S = 3.0  # at a stop, the longest wait for the queued spans' export
+# The SDK's loggers that speak of failed exports: with the collector down, each export logged an ERROR and each
+# retry a WARNING, in every process, for as long as it lasted (42 lines in 10 s from three processes)
+EXPORT_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.sdk._shared_internal",
+    "opentelemetry.sdk.trace.export",
+)
+REPEAT_S = 60.0  # of those lines, one a minute at most
+log = logging.getLogger("service.tracing")
 
 
 class RatioOrLinked(Sampler):
@@ -65,12 +79,54 @@ def otlp_exporter(settings: Settings, protocol: str) -> SpanExporter:
     return HttpExporter(endpoint=endpoint, timeout=timeout)
 
 
-class CountingExporter(SpanExporter):
-    """The exporter, with the spans of every batch it could not deliver counted (export_failed)."""
+class HeldRepeats(logging.Filter):
+    """The first line, then one every `repeat_s` at most, saying how many were held back meanwhile."""
 
-    def __init__(self, exporter: SpanExporter, count: Callable[[str, int], None]) -> None:
+    def __init__(self, repeat_s: float = REPEAT_S) -> None:
+        super().__init__()
+        self.repeat_s = repeat_s
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self._held = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self.repeat_s:
+                self._held += 1
+                return False
+            self._last, held, self._held = now, self._held, 0
+        if held:
+            record.msg, record.args = f"{record.getMessage()} ({held} more such lines held back)", None
+        return True
+
+    def reset(self) -> None:
+        """The next line goes through (exports work again: a new failure is news)."""
+        with self._lock:
+            self._last, self._held = -float("inf"), 0
+
+
+HELD_REPEATS = HeldRepeats()
+
+
+def hold_repeats() -> None:
+    """The SDK's export failure lines, one a minute at most (`HELD_REPEATS`), whatever their logger."""
+    for name in EXPORT_LOGGERS:
+        logger = logging.getLogger(name)
+        if HELD_REPEATS not in logger.filters:
+            logger.addFilter(HELD_REPEATS)
+
+
+class CountingExporter(SpanExporter):
+    """The exporter, with the spans of every batch it could not deliver counted (export_failed). The first failure
+    after exports worked is said once, naming the collector (the HTTP exporter's own lines name none), and exports
+    working again are said too."""
+
+    def __init__(self, exporter: SpanExporter, count: Callable[[str, int], None], endpoint: str = "") -> None:
         self._exporter = exporter
         self._count = count
+        self._endpoint = endpoint or "the collector"
+        self._failed = 0  # exports failed in a row
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
@@ -79,6 +135,19 @@ class CountingExporter(SpanExporter):
             result = SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
             self._count("export_failed", len(spans))
+            if not self._failed:
+                log.warning(
+                    "traces: spans could not be exported to %s; they are dropped and counted "
+                    "(bertserve_trace_spans_dropped_total), requests are served as ever; the exporter's own lines "
+                    "say why, one every %g s at most",
+                    self._endpoint,
+                    HELD_REPEATS.repeat_s,
+                )
+            self._failed += 1
+        elif self._failed:
+            log.info("traces: spans are exported to %s again (%d exports had failed)", self._endpoint, self._failed)
+            self._failed = 0
+            HELD_REPEATS.reset()
         return result
 
     def shutdown(self) -> None:

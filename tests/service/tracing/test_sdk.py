@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -15,6 +16,7 @@ from opentelemetry.trace import Link, SpanContext, TraceFlags
 from pydantic import ValidationError
 
 from service.settings import Settings
+from service.tracing import sdk
 from service.tracing.sdk import CountingBatchProcessor, CountingExporter, RatioOrLinked, otlp_exporter
 from tests.harness.otlp_receiver import OtlpReceiver
 
@@ -99,3 +101,31 @@ def test_a_collectors_credentials_go_as_the_header_the_refusal_names(protocol: s
         provider.get_tracer("test").start_span("request").end()
         provider.shutdown()
         assert receiver.authorizations == ["Basic dXNlcjpzM2NyZXQ="]
+
+
+def test_a_collector_that_fails_is_said_once_and_its_return_too(caplog) -> None:
+    """Each failed export logged an ERROR and each retry a WARNING, in every process, for as long as the collector
+    was down (42 lines in 10 s from three processes), and the HTTP exporter's named no collector."""
+    caplog.set_level(logging.INFO)
+    sdk.hold_repeats()
+    sdk.HELD_REPEATS.reset()
+    with OtlpReceiver("http", fail=True) as receiver:
+        settings = Settings(otlp_endpoint=receiver.endpoint, otlp_timeout_s=0.5)
+        exporter = CountingExporter(otlp_exporter(settings, "http"), lambda reason, spans: None, receiver.endpoint)
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer("test")
+        for _ in range(4):
+            tracer.start_span("request").end()
+        assert receiver.exports >= 4
+        ours = [r.getMessage() for r in caplog.records if r.name == "service.tracing"]
+        assert ours == [ours[0]] and f"could not be exported to {receiver.endpoint}" in ours[0]
+        theirs = [r for r in caplog.records if r.name in sdk.EXPORT_LOGGERS]
+        assert len(theirs) == 1, [r.getMessage() for r in theirs]  # the first; the rest held for a minute
+        receiver.fail = False
+        tracer.start_span("request").end()
+        assert (
+            caplog.records[-1].getMessage()
+            == f"traces: spans are exported to {receiver.endpoint} again (4 exports had failed)"
+        )
+        provider.shutdown()
