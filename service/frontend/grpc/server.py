@@ -74,6 +74,9 @@ INFO_ENDPOINT = "grpc-info"  # ... of ModelMetadata and ModelReady, the calls ab
 # The longest error message sent: it travels in a trailer, and clients refuse trailers past 8-16 KB (tritonclient
 # then reports RESOURCE_EXHAUSTED instead of the error); the messages quote clients' values cut short already
 MAX_MESSAGE_CHARS = 2000
+# A call cancelled this close to its deadline (or past it) is the deadline's doing (504), not the client's (499):
+# the client's own timer starts before the server's and cancels first
+DEADLINE_SLACK_S = 0.02
 FIRST_MESSAGE_WAIT_S = 1.0  # how long a call to a method not served is read before its refusal (`NotServed`)
 
 
@@ -211,6 +214,9 @@ class Call:
         """`message`: the request's bytes, read here so that bytes that are no such message are the client's error
         (INVALID_ARGUMENT), counted and logged as any other, not grpc's UNKNOWN and a traceback."""
         started = time.perf_counter()
+        # Read at the start: once grpc has cancelled a call, its peer reads empty and its time remaining None
+        # (a call past its deadline was logged as a client's cancel, 499, from "-")
+        peer, remaining = context.peer(), context.time_remaining()
         request: Any = None
         pairs = tuple(context.invocation_metadata() or ())  # read once: grpc decodes the values at each read
         raw_id = next((value for key, value in pairs if key == "x-request-id"), None)
@@ -235,7 +241,8 @@ class Call:
             trailing = tuple((name.lower(), value) for name, value in exc.headers.items() if name == "Retry-After")
             await context.abort(code_of(exc), cut(exc.message, MAX_MESSAGE_CHARS), trailing_metadata=trailing)
         except asyncio.CancelledError:
-            status = 504 if (context.time_remaining() or 1.0) <= 0 else CLIENT_CLOSED
+            past_deadline = remaining is not None and time.perf_counter() - started >= remaining - DEADLINE_SLACK_S
+            status = 504 if past_deadline else CLIENT_CLOSED
             error_type = "DeadlineExceeded" if status == 504 else "Cancelled"
             raise
         except Exception as exc:
@@ -245,7 +252,7 @@ class Call:
             log.error("unexpected error in %s", self.path, exc_info=exc)
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
         finally:
-            self._record(request, context, status, time.perf_counter() - started, request_id)
+            self._record(request, peer, status, time.perf_counter() - started, request_id)
             if span is not None:
                 self._end(span, status, error_type)
 
@@ -287,7 +294,7 @@ class Call:
         if not valid or not self.keys.verify(token.strip().encode("utf-8", "surrogatepass")):
             raise Unauthorized("the API key is not valid")
 
-    def _record(self, request: Any, context: grpc.aio.ServicerContext, status: int, seconds: float, rid: str) -> None:
+    def _record(self, request: Any, peer: str, status: int, seconds: float, rid: str) -> None:
         """The access line, and the request metrics for the calls about a model, as REST counts its /v2/models/
         paths (a 401 or a 404 too); the server's own calls (live, ready, metadata) are not counted, as REST's are
         not."""
@@ -302,7 +309,7 @@ class Call:
             metrics.requests.labels(label, endpoint, str(status)).inc()
             metrics.request_duration.labels(label, endpoint).observe(seconds)
         if access_log.isEnabledFor(logging.INFO):
-            log_access(rid, "POST", self.path, status, seconds, _client(context.peer()), model=model or None)
+            log_access(rid, "POST", self.path, status, seconds, _client(peer), model=model or None)
 
 
 def _client(peer: str) -> tuple[str, int] | None:
