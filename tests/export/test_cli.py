@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
 import subprocess
@@ -208,6 +209,30 @@ def test_a_config_that_names_no_architectures_exports_with_its_task_given(
     config = json.loads((repository / "headless" / "model.json").read_text())
     assert config["task"] == "classification" and config["architecture"] == "BertForSequenceClassification"
     assert config["variants"]["fp32"]["validation"]["passed"]
+
+
+def test_a_sentencepiece_vocabulary_alone_is_read(tiny_checkpoint, tmp_path: Path, capsys) -> None:
+    """A checkpoint saved with a slow tokenizer has sentencepiece.bpe.model and no tokenizer.json. transformers
+    converts it with sentencepiece's model_pb2, which sentencepiece 0.2.3 generated for protobuf 7 (the lock holds
+    6): the export failed, blaming tiktoken."""
+    import sentencepiece
+
+    from tests.tiny_models import CORPUS
+
+    checkpoint = tmp_path / "spm-only"
+    shutil.copytree(tiny_checkpoint("xlm-roberta", "classification"), checkpoint)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (checkpoint / name).unlink(missing_ok=True)
+    trained = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS), model_writer=trained, vocab_size=120, hard_vocab_limit=False
+    )
+    (checkpoint / "sentencepiece.bpe.model").write_bytes(trained.getvalue())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
+    repository = tmp_path / "repo"
+    args = [str(checkpoint), "--name", "spm", "--repository", str(repository), "--variants", "fp32", "--quiet"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert (repository / "spm" / "tokenizer.json").is_file()
 
 
 @pytest.mark.parametrize(
