@@ -237,6 +237,12 @@ def _check_architecture(source: str, model_type: Any, architectures: Any) -> tup
 
 
 def _resolve_task(source: str, class_name: str, requested: str, head: EmbeddingHead | None = None) -> Task:
+    if class_name == "XLNetForQuestionAnswering":  # AutoModelForQuestionAnswering loads the Simple class over it
+        raise ExportError(
+            f"{source} is an XLNetForQuestionAnswering: its head (start and end found by beam search, with an "
+            "answerability classifier) is not one this server serves; XLNetForQuestionAnsweringSimple, a start and "
+            "an end logit per token as the other families' QA heads give, is"
+        )
     detected = task_of_architecture(class_name) if class_name else None
     if head is not None:
         if detected is not None and not head.sentence_transformers:  # a task head: its encoder is not an embedder
@@ -286,6 +292,17 @@ def _head_of(class_name: str) -> str:
 # A weight of one of an encoder's numbered layers: its layer's prefix (bert.encoder.layer.4,
 # distilbert.transformer.layer.5, roberta.encoder.layer.11, ...)
 LAYER_KEY = re.compile(r"^(.*?\.(?:layer|layers)\.\d+)\.")
+
+
+# The top-level parts of a fine-tuned head that a model of each task has not (of the families served): found among a
+# checkpoint's weights, they are another task's head. A BERT sequence classifier's pooler is not one: older token
+# classifiers keep theirs too.
+OTHER_HEADS: dict[Task, frozenset[str]] = {
+    "classification": frozenset({"qa_outputs"}),
+    "ner": frozenset({"pre_classifier", "qa_outputs", "sequence_summary", "logits_proj"}),
+    "qa": frozenset({"pre_classifier", "classifier", "sequence_summary", "logits_proj"}),
+    "embedding": frozenset({"pre_classifier", "classifier", "qa_outputs", "sequence_summary", "logits_proj"}),
+}
 
 
 def _first_few(items: list[str], separator: str, count: int = 3, more_of: str = "") -> str:
@@ -351,6 +368,15 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
         raise ExportError(
             f"{source} lacks trained weights for part of the {task} model ({shown}): "
             f"export a checkpoint fine-tuned for this task{hint}"
+        )
+    other_head = [key for key in unexpected if key.split(".")[0] in OTHER_HEADS[task]]
+    if other_head:
+        # a sequence classifier given as --task ner (no architectures in config.json, or the wrong one): its
+        # classifier fits a token classifier's shape, so only the parts left over tell (DistilBERT's pre_classifier)
+        raise ExportError(
+            f"{source}'s weights hold a head that a model of task {task} has not "
+            f"({_first_few(other_head, ', ', more_of='tensors')}): config.json's architectures or --task do not "
+            "describe this checkpoint"
         )
     unused_layers = sorted({found.group(1) for key in unexpected if (found := LAYER_KEY.match(key))}, key=natural_order)
     if unused_layers:

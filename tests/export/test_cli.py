@@ -211,6 +211,40 @@ def test_a_config_that_names_no_architectures_exports_with_its_task_given(
     assert config["variants"]["fp32"]["validation"]["passed"]
 
 
+@pytest.mark.parametrize(
+    ("family", "task", "architectures", "extra", "message"),
+    [
+        # a sequence classifier's classifier fits a token classifier's shape: DistilBERT's pre_classifier tells
+        ("distilbert", "classification", None, ["--task", "ner"], "hold a head that a model of task ner has not"),
+        ("bert", "classification", None, ["--task", "embedding", "--pooling", "mean"], "of task embedding has not"),
+        # AutoModelForQuestionAnswering loads XLNet's Simple class over it: "lacks trained weights", it said
+        ("xlnet", "qa", ["XLNetForQuestionAnswering"], [], "its head (start and end found by beam search"),
+    ],
+)
+def test_another_tasks_head_is_refused_where_its_weights_tell(
+    tiny_checkpoint,
+    tmp_path: Path,
+    capsys,
+    family: str,
+    task: str,
+    architectures: list | None,
+    extra: list,
+    message: str,
+) -> None:
+    """Exported and served as asked: a DistilBERT sentiment classifier as a tagger, a classifier as an embedder."""
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_checkpoint(family, task), checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["architectures"] = architectures
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    repository = tmp_path / "repo"
+    args = [str(checkpoint), "--name", "other", "--repository", str(repository), "--quiet", *extra]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert message in err and "\n" not in err.strip(), err
+    assert not (repository / "other").exists()
+
+
 def test_a_sentencepiece_vocabulary_alone_is_read(tiny_checkpoint, tmp_path: Path, capsys) -> None:
     """A checkpoint saved with a slow tokenizer has sentencepiece.bpe.model and no tokenizer.json. transformers
     converts it with sentencepiece's model_pb2, which sentencepiece 0.2.3 generated for protobuf 7 (the lock holds
