@@ -10,7 +10,8 @@ Summary:
 - saturation throughput: the best ok throughput of any stage (requests/s, or sequences/s with
   `metric="sequences"`); the knee is the first stage within 5% of it, and the load is saturated when
   stages with more offered load follow the knee;
-- p99 at the stages (up to the knee) whose throughput is nearest 50% and 90% of saturation;
+- p99 at the stages (up to the knee) whose throughput is nearest 50% and 90% of saturation, where one came within
+  25% of that (a one-stage run has no 50% point: its one stage was labelled so);
 - beyond saturation: over the stages after the knee, the share of requests shed (429) and failed;
 - warnings: rate stages that did not send their offered rate, and stages shedding or failing over 5% of their
   requests, saturated by throughput or not.
@@ -29,6 +30,7 @@ from typing import Any, Literal
 
 Metric = Literal["requests", "sequences"]
 KNEE_FRACTION = 0.95
+NEAR_FRACTION = 0.25  # a stage stands for a share of saturation when its throughput is this near the target
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,8 @@ def summarize(
     for key, fraction in (("at_50", 0.5), ("at_90", 0.9)):
         target = fraction * saturation
         nearest = min(rising, key=lambda s: (abs(s.throughput(metric) - target), s.index))
-        summary[key] = _point(nearest, metric, target)
+        if abs(nearest.throughput(metric) - target) <= NEAR_FRACTION * target:
+            summary[key] = _point(nearest, metric, target)
     beyond = [s for s in stats if s.index > knee.index and s.offered > knee.offered]
     if beyond:
         sent = sum(s.requests for s in beyond)
@@ -396,6 +399,9 @@ def markdown(summary: dict[str, Any], stats: Sequence[StageStats], run: dict[str
         ]
         for key, label in (("at_50", "50%"), ("at_90", "90%")):
             point = summary[key]
+            if point is None:
+                lines.append(f"- p99 at ~{label} of saturation: no stage ran near it (add stages of lighter load)")
+                continue
             lines.append(
                 f"- p99 at ~{label} of saturation: {_ms(point['p99_ms'])} ms (stage {point['stage']}, offered "
                 f"{point['offered']:g}: {point['throughput']:.1f} {unit} for a target of {point['target']:.1f})"

@@ -36,7 +36,7 @@ import urllib.error
 from pathlib import Path
 from typing import Any
 
-from loadtests.payloads import ENDPOINTS, PayloadError, load_payloads, parse_batch_sizes
+from loadtests.payloads import ENDPOINTS, BatchSizes, PayloadError, load_payloads, parse_batch_sizes
 from loadtests.report import (
     endpoint_totals,
     markdown,
@@ -342,6 +342,18 @@ def make_report_folder(report: Path) -> Path:
     return report
 
 
+def check_batch_limit(batch: BatchSizes, names: list[str], models: list[dict[str, Any]]) -> None:
+    """ValueError where a request of --batch's largest size exceeds a target model's input limit (as /v1/models
+    gives it): every such request was a 422, and the run a list of failures."""
+    for model in models:
+        limit = (model.get("limits") or {}).get("max_inputs_per_request")
+        if model.get("name") in names and isinstance(limit, int) and batch.largest > limit:
+            raise ValueError(
+                f"--batch {batch.spec}: requests of up to {batch.largest} inputs, but model {model['name']} takes "
+                f"{limit} at most (the server's --max-inputs-per-request): the larger ones would all be 422"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -350,10 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         url = check_target(args.url, args.allow_remote)
         check_options(args)
         schedule = schedule_from(args)
-        parse_batch_sizes(args.batch)
+        batch = parse_batch_sizes(args.batch)
         payloads = load_payloads(args.payloads, args.payload_limit or None)
         models = fetch_models(url, args.api_key)
         targets = choose_targets(models, args)
+        check_batch_limit(batch, [target.name for target in targets.values()], models)
         report = make_report_folder(args.report.resolve())
     except (ValueError, PayloadError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -133,6 +133,10 @@ def test_summary_says_when_the_load_did_not_saturate() -> None:
     assert summary["at_90"]["stage"] == 1 and summary["at_50"]["stage"] == 0
     text = markdown(summary, rising, {"command": "python -m loadtests ...", "offered_unit": "users", "seconds": 20})
     assert "not saturated" in text and "no shed rate" in text
+    # One stage is its own saturation: no stage ran near half of it (it was labelled "~50% of saturation")
+    alone = summarize(rising[1:])
+    assert alone["at_90"]["stage"] == 1 and alone["at_50"] is None
+    assert "- p99 at ~50% of saturation: no stage ran near it" in markdown(alone, rising[1:], {"seconds": 10})
     empty = summarize([replace(rising[0], ok=0, ok_rps=0.0, ok_sps=0.0)])
     assert empty["saturation"] is None and empty["at_50"] is None
     assert "No request was answered" in markdown(empty, [], {"seconds": 1})

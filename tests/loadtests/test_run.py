@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from loadtests.payloads import parse_batch_sizes
+from loadtests.runner import check_batch_limit
 from loadtests.urls import API_KEY_ENV
 from tests.harness.environment import offline_env
 from tests.loadtests.conftest import LOADTEST_API_KEY, REGRESSION_MODEL
@@ -115,7 +117,7 @@ def test_short_load_against_the_real_server(loadtest_server: Server, tmp_path: P
     assert summary["run"]["models"] == {"classify": "bert-classification", "ner": "bert-ner", "qa": "bert-qa"}
     assert summary["stages"] == 2 and summary["run"]["stop_reason"] == "schedule completed"
     assert summary["totals"]["failed"] == 0 and summary["totals"]["ok"] > 10  # every answer passed the checks
-    assert summary["saturation"]["ok_rps"] > 0 and summary["at_50"]["p99_ms"] > 0
+    assert summary["saturation"]["ok_rps"] > 0 and summary["at_90"]["p99_ms"] > 0
     assert set(summary["endpoints"]) <= {"classify", "ner", "qa"} and "classify" in summary["endpoints"]
     # The server counted what Locust sent between the two scrapes.
     answered = sum(sum(statuses.values()) for statuses in summary["server"]["requests_by_status"].values())
@@ -299,6 +301,16 @@ def test_refuses_remote_targets_and_bad_options(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
     result = run_loadtest("--url", "http://127.0.0.1:9", "--batch", "0", "--report", str(tmp_path / "r"), timeout=30)
     assert result.returncode == 2 and "batch sizes" in result.stderr
+
+
+def test_a_batch_past_the_servers_input_limit_is_refused_before_the_run() -> None:
+    """A server started with --max-inputs-per-request 8 answered every request of `--batch 16` 422: the run went on,
+    a list of failures. /v1/models gives each model's limit."""
+    models = [{"name": "sst2", "limits": {"max_inputs_per_request": 8}}, {"name": "other", "limits": {}}]
+    with pytest.raises(ValueError, match=r"--batch 16: requests of up to 16 inputs, but model sst2 takes 8 at most"):
+        check_batch_limit(parse_batch_sizes("16"), ["sst2"], models)
+    check_batch_limit(parse_batch_sizes("2-8"), ["sst2"], models)
+    check_batch_limit(parse_batch_sizes("16"), ["other"], models)  # a server that gives no limit: not judged
 
 
 def test_failures_while_a_stage_settles_still_count(
