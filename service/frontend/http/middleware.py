@@ -419,4 +419,4 @@ class RequestContextMiddleware:
                 )
             if span is not None:
                 route = scope.get("route")
-                span.finish(status, scope.get(traces.SCOPE_ERROR_TYPE), getattr(route, "path", None))
+                span.finish(status, scope.get(traces.SCOPE_ERROR_TYPE), getattr(route, "path_format", None))
