@@ -200,7 +200,15 @@ class InferenceGateway:
             status = scope.get(SCOPE_STATUS, status)
             if access_log.isEnabledFor(logging.INFO):
                 seconds = time.perf_counter() - started
-                log_access(request_id, "POST", scope["path"], status, seconds, scope.get("client"))
+                log_access(
+                    request_id,
+                    "POST",
+                    scope["path"],
+                    status,
+                    seconds,
+                    scope.get("client"),
+                    model=scope.get(SCOPE_MODEL),
+                )
             if span is not None:
                 span.finish(status, scope.get(traces.SCOPE_ERROR_TYPE))
 

@@ -416,6 +416,7 @@ class RequestContextMiddleware:
                     status,
                     time.perf_counter() - started,
                     scope.get("client"),
+                    model=scope.get(SCOPE_MODEL),  # a route that names its model in the body (rerank, OpenAI's)
                 )
             if span is not None:
                 route = scope.get("route")

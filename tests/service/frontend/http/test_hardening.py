@@ -643,3 +643,17 @@ def test_a_lingering_connection_is_closed_after_linger_s_whatever_the_client_doe
                 closed = True
         assert closed and time.monotonic() - started >= LINGER_S - 0.5
     assert answered_s < LINGER_S  # the answer itself does not wait for the linger
+
+
+def test_a_model_named_in_the_body_is_the_access_lines_model(hardened) -> None:
+    """Rerank and OpenAI's embeddings name their model in the body: the JSON access line had "model": null, where the
+    metrics counted the request under the model (here one of another task: refused, and still that model's)."""
+    with httpx.Client(base_url=hardened.url, timeout=30) as client:
+        for path, body in [
+            ("/v1/rerank", {"model": "bert-classification", "query": "q", "documents": ["d"]}),
+            ("/v1/embeddings", {"model": "bert-classification", "input": "a text"}),
+        ]:
+            request_id = f"body-model{path.replace('/', '-')}"
+            response = client.post(path, json=body, headers={"x-request-id": request_id})
+            assert response.status_code == 400, response.text
+            assert access_line(hardened, request_id)["model"] == "bert-classification", path
