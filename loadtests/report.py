@@ -210,9 +210,15 @@ def warnings(stats: Sequence[StageStats]) -> list[str]:
                 "keep the pace (answers slower than users / rate; raise --rate-users)"
             )
         if s.requests and (s.shed_rate > REFUSED_FRACTION or s.fail_rate > REFUSED_FRACTION):
+            # a server past what it takes sheds (429); failures alone are errors (a server gone, bad answers)
+            cause = (
+                "past what the server takes, whatever its throughput says"
+                if s.shed_rate > REFUSED_FRACTION
+                else "errors, not load shed: requests.csv and locust_failures.csv say which"
+            )
             said.append(
                 f"stage {s.index} (offered {s.offered:g}): {100 * s.shed_rate:.1f}% shed (429) and "
-                f"{100 * s.fail_rate:.1f}% failed: past what the server takes, whatever its throughput says"
+                f"{100 * s.fail_rate:.1f}% failed: {cause}"
             )
     return said
 

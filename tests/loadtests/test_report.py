@@ -155,6 +155,12 @@ def test_a_server_shedding_or_a_pace_never_reached_is_said_whatever_the_throughp
         "stage 1 sent 15.9 requests/s of the 20 offered: its users could not keep the pace (answers slower than "
         "users / rate; raise --rate-users)",
     ]
+    # Failures alone are not load: a server that died mid-run read "72.0% failed: past what the server takes"
+    died = replace(_stage(3, 10, 2.8, 50.0), requests=100, ok=28, failed=72, fail_rate=0.72)
+    assert summarize([died])["warnings"] == [
+        "stage 3 (offered 10): 0.0% shed (429) and 72.0% failed: errors, not load shed: requests.csv and "
+        "locust_failures.csv say which"
+    ]
     text = markdown(summary, [*shedding, paced, fine], {"seconds": 30, "server_scrape_failed": "connection refused"})
     assert text.count("- **warning**: ") == 3
     assert "the server's /metrics could not be read after the run (connection refused)" in text
