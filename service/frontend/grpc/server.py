@@ -136,12 +136,14 @@ class InferenceService:
         requested = [output.name for output in request.outputs] or None
         for output in request.outputs:
             oip.check_output_parameters(output.name, {key: _value(value) for key, value in output.parameters.items()})
+        # Before the door: a call whose deadline had passed raised here after it had entered, never left, and held
+        # its work in flight for good (every later request of the server a 429, "1 requests in flight, 77.6 s")
+        ticket = _ticket(state.settings, context)
         door = state.door
         admission = door.try_enter(request.ByteSize(), model.name)
         if admission is None:
             raise door.overloaded()
         completed = False
-        ticket = _ticket(state.settings, context)
         try:
             ticket.on_charge.append(admission.charge)
             ticket.admitted_model = admission.model_name
