@@ -287,7 +287,7 @@ def test_a_passed_deadline_is_deadline_exceeded(oip_server) -> None:
         assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         # A deadline of a few ms may pass before the server's own: grpc cancels the call, and the server had logged
         # a client's cancel (499) from "-" (the peer of a cancelled call reads empty), 1 in 3 at 10 ms
-        for number, timeout in enumerate([0.001, 0.002, 0.003, 0.004, 0.005, 0.01, 0.01, 0.01, 0.015, 0.02] * 2):
+        for number, timeout in enumerate([0.005, 0.01, 0.01, 0.01, 0.015, 0.02] * 2):
             with pytest.raises(grpc.RpcError) as error:
                 stub.ModelInfer(long, timeout=timeout, metadata=(("x-request-id", f"deadline-{number}"),))
             # or the door's refusal of so much work while a cancelled call's estimate is still in flight
