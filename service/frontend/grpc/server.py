@@ -228,10 +228,10 @@ class Call:
         initial: tuple[tuple[str, str], ...] = (("x-request-id", request_id),)
         if span is not None:
             initial += (("traceparent", tracing.traceparent(span.span.get_span_context())),)
-        await context.send_initial_metadata(initial)
         status = 500
         error_type: str | None = None
         try:
+            await context.send_initial_metadata(initial)
             if self.needs_key:  # before the message is read: an anonymous client's bytes are not parsed
                 self._authorize([value for key, value in pairs if key == "authorization"])
             request = self._read(message)
@@ -242,10 +242,15 @@ class Call:
             status, error_type = exc.status_code, type(exc).__name__
             trailing = tuple((name.lower(), value) for name, value in exc.headers.items() if name == "Retry-After")
             await context.abort(code_of(exc), cut(exc.message, MAX_MESSAGE_CHARS), trailing_metadata=trailing)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, grpc.aio.InternalError) as exc:
+            # the client cancelled or the call's deadline passed; or the call had ended before an operation on it
+            # could run (grpc's ExecuteBatchError, at the initial metadata of a call of a few ms): as a cancel, which
+            # grpc ends quietly, where it logged that error's traceback
             past_deadline = remaining is not None and time.perf_counter() - started >= remaining - DEADLINE_SLACK_S
             status = 504 if past_deadline else CLIENT_CLOSED
             error_type = "DeadlineExceeded" if status == 504 else "Cancelled"
+            if isinstance(exc, grpc.aio.InternalError):
+                raise asyncio.CancelledError from None
             raise
         except Exception as exc:
             if isinstance(exc, grpc.aio.AbortError):

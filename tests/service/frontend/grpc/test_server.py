@@ -292,6 +292,13 @@ def test_a_passed_deadline_is_deadline_exceeded(oip_server) -> None:
                 stub.ModelInfer(long, timeout=timeout, metadata=(("x-request-id", f"deadline-{number}"),))
             # or the door's refusal of so much work while a cancelled call's estimate is still in flight
             assert error.value.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        # A deadline of 1-4 ms can end the call before its handler sends its initial metadata: grpc's
+        # ExecuteBatchError, whose traceback was logged (CI, under load); it is a 504 line of its own now, its client
+        # unknown (grpc gives no peer for a call already ended)
+        for number, timeout in enumerate([0.001, 0.002, 0.003, 0.004] * 5):
+            with pytest.raises(grpc.RpcError) as error:
+                stub.ModelInfer(long, timeout=timeout, metadata=(("x-request-id", f"early-{number}"),))
+            assert error.value.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
         assert stub.ModelInfer(GOOD, timeout=30).outputs[0].name == "label"
     # Every call left the door: one whose deadline had passed before its ticket was made held its work in flight for
     # good, and the server answered every later large request 429 ("1 requests in flight, about 77.6 s of work")
@@ -306,10 +313,15 @@ def test_a_passed_deadline_is_deadline_exceeded(oip_server) -> None:
             time.sleep(0.5)
     assert response.status_code == 400, response.text
     log = oip_server.http.log()
-    assert "Traceback" not in log
-    logged = re.findall(r"\[deadline-\d+\]: (\S+) \"POST /inference.GRPCInferenceService/ModelInfer\" (\d+)", log)
-    assert logged == [(peer, status) for peer, status in logged if peer.startswith("127.0.0.1:") and status != "499"]
-    assert "504" in {status for _, status in logged}, log[-3000:]
+    assert "Traceback" not in log, log[log.find("Traceback") - 300 : log.find("Traceback") + 2000]
+    # No call past its deadline reads as a client's cancel (499), and one cancelled in its handler names its client
+    # (read at the start: "-" once grpc has cancelled it). One that ended before its handler could send its initial
+    # metadata has no client to name (grpc gives no peer then), so "-" can stand there, under load at 5 ms too.
+    logged = re.findall(
+        r"\[(?:deadline|early)-\d+\]: (\S+) \"POST /inference.GRPCInferenceService/ModelInfer\" (\d+)", log
+    )
+    assert {status for _, status in logged} <= {"504", "429"}, log[-3000:]
+    assert any(peer.startswith("127.0.0.1:") and status == "504" for peer, status in logged), log[-3000:]
 
 
 def test_overload_is_resource_exhausted_with_a_retry_hint(strict_oip_server) -> None:
