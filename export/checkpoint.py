@@ -294,13 +294,13 @@ def _head_of(class_name: str) -> str:
 LAYER_KEY = re.compile(r"^(.*?\.(?:layer|layers)\.\d+)\.")
 
 
-# The top-level parts of a fine-tuned head that a model of each task has not (of the families served): found among a
-# checkpoint's weights, they are another task's head. A BERT sequence classifier's pooler is not one: older token
-# classifiers keep theirs too.
+# The top-level parts of another task's fine-tuned head, where a model of the task loads without missing a weight of
+# its own (another head's weights beside missing ones are named by the missing-weights error): a tagger takes a
+# sequence classifier's `classifier` (same name, same shape), so only DistilBERT's `pre_classifier` tells; an
+# embedder (AutoModel) misses nothing, so every head tells. A BERT sequence classifier's pooler is not one: older
+# token classifiers keep theirs too.
 OTHER_HEADS: dict[Task, frozenset[str]] = {
-    "classification": frozenset({"qa_outputs"}),
-    "ner": frozenset({"pre_classifier", "qa_outputs", "sequence_summary", "logits_proj"}),
-    "qa": frozenset({"pre_classifier", "classifier", "sequence_summary", "logits_proj"}),
+    "ner": frozenset({"pre_classifier"}),
     "embedding": frozenset({"pre_classifier", "classifier", "qa_outputs", "sequence_summary", "logits_proj"}),
 }
 
@@ -369,7 +369,7 @@ def _load_model(source: str, local_dir: Path | None, task: Task) -> Any:
             f"{source} lacks trained weights for part of the {task} model ({shown}): "
             f"export a checkpoint fine-tuned for this task{hint}"
         )
-    other_head = [key for key in unexpected if key.split(".")[0] in OTHER_HEADS[task]]
+    other_head = [key for key in unexpected if key.split(".")[0] in OTHER_HEADS.get(task, ())]
     if other_head:
         # a sequence classifier given as --task ner (no architectures in config.json, or the wrong one): its
         # classifier fits a token classifier's shape, so only the parts left over tell (DistilBERT's pre_classifier)

@@ -361,8 +361,8 @@ class Settings(BaseSettings):
     def _whole_number(cls, value: object, info: ValidationInfo) -> object:
         """A whole number is written in digits: "18105.0" and "1_8105" were read as 18105 (Python's int() and
         float() take both), so a typo or a float from a template passed for a port or a count."""
-        annotation = cls.model_fields[info.field_name or ""].annotation
-        if annotation in (int, int | None) and isinstance(value, str) and not WHOLE_NUMBER.fullmatch(value.strip()):
+        integer = cls.model_fields[info.field_name or ""].annotation is int
+        if integer and isinstance(value, str) and not WHOLE_NUMBER.fullmatch(value.strip()):
             raise ValueError(f"{shown(value, 40)} is not a whole number (digits only)")
         return value
 
