@@ -13,6 +13,8 @@ Not part of `make test`: this file is not a `test_*.py` module, so pytest never 
   prometheus where a `prometheus` binary is on PATH: it scrapes the container with deploy/prometheus/prometheus.yml
              (target rewritten to the loopback port) and every query of the Grafana dashboard returns data
   non-root   the server process (PID 1) runs as a non-root user
+  telemetry  a bare onnxruntime session in the image (not through the project's packages) leaves no telemetry
+             cache: the image sets ORT_DISABLE_TELEMETRY=1; with it at 0 the same session writes a device id
   sigterm    SIGTERM during a burst of concurrent requests: every request admitted before it is answered 200,
              every answer is 200 or 503 (draining), the container exits by itself within the drain timeout
   export     the export image turns a real checkpoint (../shared/models/minilm-bert-sst2, mounted read-only) into a
@@ -419,6 +421,28 @@ def check_metrics(port: int) -> str:
     return f"{len(exported)} bertserve metric names; all {len(metric_names_in_dashboard())} dashboard metrics present"
 
 
+TELEMETRY_CHECK = """
+import glob, os, pathlib, onnxruntime
+model = sorted(glob.glob("/models/**/*.onnx", recursive=True))[0]
+onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+cache = pathlib.Path.home() / ".cache" / "Microsoft"
+left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file()) if cache.exists() else []
+print(os.environ.get("ORT_DISABLE_TELEMETRY"), left)
+"""
+
+
+def check_no_telemetry(image: str) -> str:
+    """A bare `import onnxruntime` in the image, not through this project's packages, sends no telemetry either:
+    the image's environment carries onnxruntime's opt-out. With it at 0, the same session writes onnxruntime's
+    device id into the user's home (so the check can fail)."""
+    run = ["run", "--rm", "--entrypoint", "python"]
+    quiet = docker(*run, image, "-c", TELEMETRY_CHECK).stdout.strip()
+    check(quiet == "1 []", f"{image}: a bare onnxruntime session left telemetry behind: {quiet}")
+    loud = docker(*run, "-e", "ORT_DISABLE_TELEMETRY=0", image, "-c", TELEMETRY_CHECK).stdout.strip()
+    check("deviceid" in loud, f"{image}: with ORT_DISABLE_TELEMETRY=0, no device id was written: {loud}")
+    return f"ORT_DISABLE_TELEMETRY={quiet}; at 0 the session wrote {loud.split(' ', 1)[1]}"
+
+
 def check_non_root(name: str, image: str) -> str:
     uid = docker("exec", name, "id", "-u").stdout.strip()
     check(uid != "0", f"exec user is root ({uid})")
@@ -813,6 +837,8 @@ def main() -> int:
             print("\n=== prometheus + dashboard queries: skipped (no prometheus binary on PATH)")
         with phase("non-root") as info:
             info["note"] = check_non_root(name, tags["demo"])
+        with phase("no telemetry from a bare onnxruntime") as info:
+            info["note"] = check_no_telemetry(tags["demo"])
         with phase("sigterm during a burst") as info:
             info["note"] = check_sigterm(port, name, args.drain_timeout)
         remove(name)
