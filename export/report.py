@@ -27,6 +27,11 @@ def summary(result: ExportResult) -> str:
         f"  inputs        {', '.join(config['inputs'])} -> {', '.join(config['outputs'])}; "
         f"max length {config['max_length']}; opset {config['export']['opset']}",
     ]
+    fusion = config.get("attention_fusion") or {}
+    if fusion.get("reason"):  # a family onnxruntime's optimizer cannot fuse: why its attention runs slower
+        lines.append(
+            f"  attention     unfused ({fusion['fused_layers']} of {fusion['layers']} layers fused): {fusion['reason']}"
+        )
     for variant, entry in config["variants"].items():
         operators = ", ".join(f"{op} {n}" for op, n in entry["fused_operators"].items()) or "none"
         lines.append(f"  {variant:<12} {_size(entry['size_bytes']):>9}  {_validation(entry['validation'])}")

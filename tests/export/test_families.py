@@ -11,6 +11,8 @@ import pytest
 
 from bertcore.model_config import ModelConfig
 from export.architectures import ARCHITECTURES
+from export.pipeline import ExportResult
+from export.report import summary
 from export.repository import read_config
 from tests.export.test_pipeline import _check_reload_matches_pytorch
 from tests.tiny_models import FAMILIES
@@ -57,12 +59,16 @@ def test_family_exports_validates_and_reloads(family_repository, tiny_checkpoint
 
     fusion = config["attention_fusion"]
     assert fusion["layers"] == layers
+    said = [line for line in summary(ExportResult(entry, config, 1.0)).splitlines() if "unfused" in line]
     if arch in FUSED:
         assert fusion == {"fused_layers": layers, "layers": layers, "reason": None}
         assert fp32["fused_operators"]["Attention"] == layers
+        assert said == []
     else:
         assert fusion["fused_layers"] == 0 and fusion["reason"] == ARCHITECTURES[arch].unfused_attention
         assert "Attention" not in fp32["fused_operators"]
+        # --quiet prints the summary alone: it says why, as the progress line and model.json do
+        assert said == [f"  attention     unfused (0 of {layers} layers fused): {fusion['reason']}"]
 
     int8 = config["variants"]["int8"]
     assert int8["validation"]["validated"] and int8["validation"]["batch_invariance_max_abs_diff"] == 0.0
