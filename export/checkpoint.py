@@ -428,6 +428,14 @@ def _load_tokenizer(source: str, local_dir: Path | None) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(where))
     except Exception as exc:  # the whole message: transformers' first line can end in "from one of:"
+        if isinstance(exc, TypeError) and "special_tokens" in " ".join(getattr(exc, "__notes__", ())):
+            # tokenizers' TemplateProcessing given no id for a token: the family's tokenizer (ALBERT's, of the
+            # twelve) asks its SentencePiece vocabulary for [CLS] and [SEP] and gets None where they are absent
+            raise ExportError(
+                f"could not load the tokenizer of {source}: its vocabulary has no id for a special token that its "
+                "tokenizer puts around each text (ALBERT's [CLS] and [SEP]): save the vocabulary the model was "
+                "trained with, which holds them"
+            ) from exc
         reason = cut(" ".join(f"{type(exc).__name__}: {exc}".split()), 300)
         raise ExportError(f"could not load the tokenizer of {source}: {reason}") from exc
     # transformers 5 builds an empty tokenizer (special tokens only) where it finds no vocabulary to read

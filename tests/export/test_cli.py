@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import transformers
@@ -245,28 +246,55 @@ def test_another_tasks_head_is_refused_where_its_weights_tell(
     assert not (repository / "other").exists()
 
 
-def test_a_sentencepiece_vocabulary_alone_is_read(tiny_checkpoint, tmp_path: Path, capsys) -> None:
-    """A checkpoint saved with a slow tokenizer has sentencepiece.bpe.model and no tokenizer.json. transformers
-    converts it with sentencepiece's model_pb2, which sentencepiece 0.2.3 generated for protobuf 7 (the lock holds
-    6): the export failed, blaming tiktoken."""
+def _sentencepiece_only(checkpoint: Path, file: str, tokenizer_class: str, **training: Any) -> Path:
+    """The checkpoint with a trained SentencePiece vocabulary in place of its tokenizer.json, as a checkpoint saved
+    with a slow tokenizer has it."""
     import sentencepiece
 
     from tests.tiny_models import CORPUS
 
-    checkpoint = tmp_path / "spm-only"
-    shutil.copytree(tiny_checkpoint("xlm-roberta", "classification"), checkpoint)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (checkpoint / name).unlink(missing_ok=True)
     trained = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS), model_writer=trained, vocab_size=120, hard_vocab_limit=False
+        sentence_iterator=iter(CORPUS), model_writer=trained, vocab_size=120, hard_vocab_limit=False, **training
     )
-    (checkpoint / "sentencepiece.bpe.model").write_bytes(trained.getvalue())
-    (checkpoint / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
+    (checkpoint / file).write_bytes(trained.getvalue())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": tokenizer_class}))
+    return checkpoint
+
+
+def test_a_sentencepiece_vocabulary_alone_is_read(tiny_checkpoint, tmp_path: Path, capsys) -> None:
+    """A checkpoint saved with a slow tokenizer has sentencepiece.bpe.model and no tokenizer.json. transformers
+    converts it with sentencepiece's model_pb2, which sentencepiece 0.2.3 generated for protobuf 7 (the lock holds
+    6): the export failed, blaming tiktoken."""
+    checkpoint = tmp_path / "spm-only"
+    shutil.copytree(tiny_checkpoint("xlm-roberta", "classification"), checkpoint)
+    _sentencepiece_only(checkpoint, "sentencepiece.bpe.model", "XLMRobertaTokenizer")
     repository = tmp_path / "repo"
     args = [str(checkpoint), "--name", "spm", "--repository", str(repository), "--variants", "fp32", "--quiet"]
     assert main(args) == 0, capsys.readouterr().err
     assert (repository / "spm" / "tokenizer.json").is_file()
+
+
+def test_an_albert_vocabulary_without_its_special_tokens_says_so(tiny_checkpoint, tmp_path: Path, capsys) -> None:
+    """ALBERT's tokenizer puts [CLS] and [SEP] around each text. A spiece.model that lacks them had failed inside
+    transformers with "TypeError: Expected Union[Tuple[str, int], Tuple[int, str], dict] while processing
+    'special_tokens'", which names no cause; with them, the same vocabulary exports."""
+    repository = tmp_path / "repo"
+    for name, training in (("without", {}), ("with", {"user_defined_symbols": ["[CLS]", "[SEP]", "[MASK]"]})):
+        checkpoint = tmp_path / name
+        shutil.copytree(tiny_checkpoint("albert", "classification"), checkpoint)
+        _sentencepiece_only(checkpoint, "spiece.model", "AlbertTokenizer", **training)
+        args = [str(checkpoint), "--name", name, "--repository", str(repository), "--variants", "fp32", "--quiet"]
+        code = main(args)
+        err = capsys.readouterr().err.strip()
+        if name == "with":
+            assert code == 0, err
+        else:
+            assert code == 1 and "\n" not in err, err
+            assert err.startswith(f"error: could not load the tokenizer of {checkpoint}: its vocabulary has no ")
+            assert "[CLS]" in err and "[SEP]" in err and not (repository / name).exists()
 
 
 @pytest.mark.parametrize(
