@@ -7,13 +7,16 @@ A thin adapter over the one RequestPipeline, as the REST routes are: what the te
 `service.frontend.open_inference`; here, the messages in and out, and what the HTTP layers do for a REST request:
 - the API key: `authorization: Bearer KEY` metadata (ServerLive and ServerReady are open, as the probes are, and
   so is grpc.health.v1.Health: it is served outside these Calls);
-- the size limit: --max-body-bytes is the largest message (grpc answers RESOURCE_EXHAUSTED past it);
+- the size limit: --max-body-bytes is the largest message (grpc answers RESOURCE_EXHAUSTED past it, in its own
+  words; the call is counted and logged as REST's 413 is);
 - admission: the same gate as REST (RESOURCE_EXHAUSTED where REST answers 429, with retry-after metadata);
 - the deadline: the call's own, where it is shorter than --request-timeout-s, bounds the request's Ticket; a call
   that the client cancels (or whose deadline passes) cancels its rows;
 - the request id (`x-request-id` metadata, or a new one; sent back in the initial metadata), the access line and
   the request metrics (endpoint `grpc-infer`, and `grpc-info` for ModelMetadata and ModelReady; the status as
-  its HTTP equivalent).
+  its HTTP equivalent), for every call: the methods are served as stream-unary ones, which grpc runs before it has
+  read the message (a unary method's handler is skipped where the call ends first: under load, most calls ended by
+  a deadline of a few ms were neither counted nor logged), and the message is read by the handler (`Call._message`).
 Errors are the domain errors, as gRPC codes by `service.frontend.grpc.status`; a method not served is UNIMPLEMENTED
 with a message that names those served (`NotServed`).
 """
@@ -78,6 +81,13 @@ MAX_MESSAGE_CHARS = 2000
 # the client's own timer starts before the server's and cancels first
 DEADLINE_SLACK_S = 0.02
 FIRST_MESSAGE_WAIT_S = 1.0  # how long a call to a method not served is read before its refusal (`NotServed`)
+# How long a call that read no message waits for grpc's cancel, which follows its refusal of a message past the size
+# limit within a millisecond: cancelled, the call was that refusal (413); not, its client sent no message (400)
+NO_MESSAGE_WAIT_S = 1.0
+
+
+class MessageTooLarge(Exception):
+    """grpc refused the call's message as larger than --max-body-bytes: it answers RESOURCE_EXHAUSTED itself."""
 
 
 class InferenceService:
@@ -212,9 +222,10 @@ class Call:
         self.state = state
         self.needs_key = keys.enabled and name not in OPEN_METHODS
 
-    async def __call__(self, message: bytes, context: grpc.aio.ServicerContext) -> Any:
-        """`message`: the request's bytes, read here so that bytes that are no such message are the client's error
-        (INVALID_ARGUMENT), counted and logged as any other, not grpc's UNKNOWN and a traceback."""
+    async def __call__(self, messages: Any, context: grpc.aio.ServicerContext) -> Any:
+        """`messages`: grpc's iterator of the call's messages, unused: the one message is read by `_message`, and
+        parsed here, so that bytes that are no such message are the client's error (INVALID_ARGUMENT), counted and
+        logged as any other, not grpc's UNKNOWN and a traceback."""
         started = time.perf_counter()
         # Read at the start: once grpc has cancelled a call, its peer reads empty and its time remaining None
         # (a call past its deadline was logged as a client's cancel, 499, from "-")
@@ -234,7 +245,7 @@ class Call:
             await context.send_initial_metadata(initial)
             if self.needs_key:  # before the message is read: an anonymous client's bytes are not parsed
                 self._authorize([value for key, value in pairs if key == "authorization"])
-            request = self._read(message)
+            request = self._read(await self._message(context))
             response = await self.method(request, context)
             status = 200
             return response
@@ -242,14 +253,18 @@ class Call:
             status, error_type = exc.status_code, type(exc).__name__
             trailing = tuple((name.lower(), value) for name, value in exc.headers.items() if name == "Retry-After")
             await context.abort(code_of(exc), cut(exc.message, MAX_MESSAGE_CHARS), trailing_metadata=trailing)
-        except (asyncio.CancelledError, grpc.aio.InternalError) as exc:
+        except (asyncio.CancelledError, grpc.aio.InternalError, MessageTooLarge) as exc:
             # the client cancelled or the call's deadline passed; or the call had ended before an operation on it
-            # could run (grpc's ExecuteBatchError, at the initial metadata of a call of a few ms): as a cancel, which
-            # grpc ends quietly, where it logged that error's traceback
+            # could run (grpc's ExecuteBatchError, at the initial metadata of a call of a few ms), or grpc refused its
+            # message and sent the status itself: ended as a cancel, which grpc ends quietly (it logged a traceback)
             past_deadline = remaining is not None and time.perf_counter() - started >= remaining - DEADLINE_SLACK_S
-            status = 504 if past_deadline else CLIENT_CLOSED
-            error_type = "DeadlineExceeded" if status == 504 else "Cancelled"
-            if isinstance(exc, grpc.aio.InternalError):
+            if past_deadline:
+                status, error_type = 504, "DeadlineExceeded"
+            elif isinstance(exc, MessageTooLarge):
+                status, error_type = 413, "PayloadTooLarge"
+            else:
+                status, error_type = CLIENT_CLOSED, "Cancelled"
+            if not isinstance(exc, asyncio.CancelledError):
                 raise asyncio.CancelledError from None
             raise
         except Exception as exc:
@@ -262,6 +277,20 @@ class Call:
             self._record(request, peer, status, time.perf_counter() - started, request_id)
             if span is not None:
                 self._end(span, status, error_type)
+
+    @staticmethod
+    async def _message(context: grpc.aio.ServicerContext) -> bytes:
+        """The call's message, as bytes (the handlers' request_deserializer is None). None came: grpc refused one past
+        --max-body-bytes (it answers RESOURCE_EXHAUSTED and cancels the call), or the client's stream ended without
+        one, which a unary client cannot do."""
+        message = await context.read()
+        if message is not grpc.aio.EOF:
+            return message
+        try:
+            await asyncio.sleep(NO_MESSAGE_WAIT_S)
+        except asyncio.CancelledError:
+            raise MessageTooLarge from None
+        raise BadRequest("the call ended without its request message: a unary call sends one")
 
     def _read(self, message: bytes) -> Any:
         try:
@@ -340,7 +369,9 @@ def handlers(state: ServerState, keys: ApiKeys) -> tuple[grpc.GenericRpcHandler,
     served = grpc.method_handlers_generic_handler(
         SERVICE,
         {
-            name: grpc.unary_unary_rpc_method_handler(
+            # stream-unary, which grpc runs before the message is read: a call always reaches Call (a unary one's
+            # handler is skipped where the call ends first), and the wire is the same as a unary method's
+            name: grpc.stream_unary_rpc_method_handler(
                 Call(name, method, request_type, keys, state).__call__,  # a coroutine function, as grpc.aio wants
                 request_deserializer=None,  # the bytes: Call reads them
                 response_serializer=response_type.SerializeToString,
