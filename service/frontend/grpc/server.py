@@ -132,6 +132,14 @@ class InferenceService:
         for tensor in request.inputs if raw else ():  # two payloads for a tensor: which was meant is not ours to guess
             if tensor.HasField("contents"):
                 raise BadRequest(f"input {shown(tensor.name, 102)}: both contents and raw_input_contents; send one")
+        for tensor in () if raw else request.inputs:
+            if tensor.datatype == "BYTES" and not tensor.contents.bytes_contents and tensor.HasField("contents"):
+                # texts in int_contents read as none ("shape [2] says 2 elements, the data holds 0")
+                field = tensor.contents.ListFields()[0][0].name
+                raise BadRequest(
+                    f"input {shown(tensor.name, 102)}: datatype BYTES, its data in {field}: BYTES data "
+                    "goes in bytes_contents"
+                )
         inputs = [
             oip.InputTensor(
                 tensor.name,

@@ -132,6 +132,8 @@ def hostile_calls() -> list[tuple[str, pb.ModelInferRequest, grpc.StatusCode, st
     overrun.raw_input_contents[0] = struct.pack("<I", 1000) + b"abc"
     fp32 = pb.ModelInferRequest(model_name=ok)
     fp32.inputs.add(name="text", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    numbers = pb.ModelInferRequest(model_name=ok)  # read as no data: "shape [2] says 2 elements, the data holds 0"
+    numbers.inputs.add(name="text", datatype="BYTES", shape=[2]).contents.int64_contents.extend([1, 2])
     long_value = raw_request(ok, "text", [b"a"])
     long_value.parameters["top_k"].string_param = "x" * 20_000  # echoed whole, its trailer outgrew the client's limit
     both = raw_request(ok, "text", [b"from the raw bytes"])
@@ -174,6 +176,7 @@ def hostile_calls() -> list[tuple[str, pb.ModelInferRequest, grpc.StatusCode, st
             "expected [N] or [N, 1]",
         ),
         ("contents and raw contents", both, grpc.StatusCode.INVALID_ARGUMENT, "both contents and raw_input_contents"),
+        ("texts as numbers", numbers, grpc.StatusCode.INVALID_ARGUMENT, "datatype BYTES, its data in int64_contents"),
         ("a million empty strings", million, grpc.StatusCode.INVALID_ARGUMENT, "1000000 inputs in one request"),
         ("a million empty strings, typed", typed_million, grpc.StatusCode.INVALID_ARGUMENT, "1000000 inputs"),
         ("unknown model", raw_request("nope", "text", [b"a"]), grpc.StatusCode.NOT_FOUND, "no model named 'nope'"),
