@@ -8,7 +8,8 @@ A thin adapter over the one RequestPipeline, as the REST routes are: what the te
 - the API key: `authorization: Bearer KEY` metadata (ServerLive and ServerReady are open, as the probes are, and
   so is grpc.health.v1.Health: it is served outside these Calls);
 - the size limit: --max-body-bytes is the largest message (grpc answers RESOURCE_EXHAUSTED past it, in its own
-  words; the call is counted and logged as REST's 413 is);
+  words, and ends the call before its message is read: the server is not told why, and counts it as a call its
+  client ended, 499, as it counts a call whose compression grpc could not read);
 - admission: the same gate as REST (RESOURCE_EXHAUSTED where REST answers 429, with retry-after metadata);
 - the deadline: the call's own, where it is shorter than --request-timeout-s, bounds the request's Ticket; a call
   that the client cancels (or whose deadline passes) cancels its rows;
@@ -81,13 +82,10 @@ MAX_MESSAGE_CHARS = 2000
 # the client's own timer starts before the server's and cancels first
 DEADLINE_SLACK_S = 0.02
 FIRST_MESSAGE_WAIT_S = 1.0  # how long a call to a method not served is read before its refusal (`NotServed`)
-# How long a call that read no message waits for grpc's cancel, which follows its refusal of a message past the size
-# limit within a millisecond: cancelled, the call was that refusal (413); not, its client sent no message (400)
+# How long a call that read no message waits for grpc's cancel: none came, its client ended its stream without a
+# message (400); one came, grpc ended the call (its client cancelled it, or grpc refused its message: its size, its
+# compression), which grpc does not say: 499, and 504 where its deadline had passed
 NO_MESSAGE_WAIT_S = 1.0
-
-
-class MessageTooLarge(Exception):
-    """grpc refused the call's message as larger than --max-body-bytes: it answers RESOURCE_EXHAUSTED itself."""
 
 
 class InferenceService:
@@ -235,8 +233,8 @@ class Call:
         parsed here, so that bytes that are no such message are the client's error (INVALID_ARGUMENT), counted and
         logged as any other, not grpc's UNKNOWN and a traceback."""
         started = time.perf_counter()
-        # Read at the start: once grpc has cancelled a call, its peer reads empty and its time remaining None
-        # (a call past its deadline was logged as a client's cancel, 499, from "-")
+        # Read at the start: once grpc has cancelled a call, its peer reads empty and its time remaining None (a call
+        # past its deadline was logged as a client's cancel, 499, from "-"); one ended before its handler ran, "-"
         peer, remaining = context.peer(), context.time_remaining()
         request: Any = None
         pairs = tuple(context.invocation_metadata() or ())  # read once: grpc decodes the values at each read
@@ -261,18 +259,14 @@ class Call:
             status, error_type = exc.status_code, type(exc).__name__
             trailing = tuple((name.lower(), value) for name, value in exc.headers.items() if name == "Retry-After")
             await _abort(context, code_of(exc), cut(exc.message, MAX_MESSAGE_CHARS), trailing)
-        except (asyncio.CancelledError, grpc.aio.InternalError, MessageTooLarge) as exc:
+        except (asyncio.CancelledError, grpc.aio.InternalError) as exc:
             # the client cancelled or the call's deadline passed; or the call had ended before an operation on it
-            # could run (grpc's ExecuteBatchError, at the initial metadata of a call of a few ms), or grpc refused its
-            # message and sent the status itself: ended as a cancel, which grpc ends quietly (it logged a traceback)
+            # could run (grpc's ExecuteBatchError, at the initial metadata of a call of a few ms); or grpc ended it
+            # before its message was read (`_message`): as a cancel, which grpc ends quietly (it logged a traceback)
             past_deadline = remaining is not None and time.perf_counter() - started >= remaining - DEADLINE_SLACK_S
-            if past_deadline:
-                status, error_type = 504, "DeadlineExceeded"
-            elif isinstance(exc, MessageTooLarge):
-                status, error_type = 413, "PayloadTooLarge"
-            else:
-                status, error_type = CLIENT_CLOSED, "Cancelled"
-            if not isinstance(exc, asyncio.CancelledError):
+            status = 504 if past_deadline else CLIENT_CLOSED
+            error_type = "DeadlineExceeded" if status == 504 else "Cancelled"
+            if isinstance(exc, grpc.aio.InternalError):
                 raise asyncio.CancelledError from None
             raise
         except Exception as exc:
@@ -288,17 +282,14 @@ class Call:
 
     @staticmethod
     async def _message(context: grpc.aio.ServicerContext) -> bytes:
-        """The call's message, as bytes (the handlers' request_deserializer is None). None came: grpc refused one past
-        --max-body-bytes (it answers RESOURCE_EXHAUSTED and cancels the call), or the client's stream ended without
-        one, which a unary client cannot do."""
+        """The call's message, as bytes (the handlers' request_deserializer is None). None came: grpc ended the call
+        (its cancel follows: a client's cancel, a message refused for its size or compression), or the client's
+        stream ended without a whole message, which a unary client does not do."""
         message = await context.read()
         if message is not grpc.aio.EOF:
             return message
-        try:
-            await asyncio.sleep(NO_MESSAGE_WAIT_S)
-        except asyncio.CancelledError:
-            raise MessageTooLarge from None
-        raise BadRequest("the call ended without its request message: a unary call sends one")
+        await asyncio.sleep(NO_MESSAGE_WAIT_S)  # grpc's cancel, where it ended the call, raises CancelledError here
+        raise BadRequest("the call's stream ended without a whole request message: a unary call sends one")
 
     def _read(self, message: bytes) -> Any:
         try:
