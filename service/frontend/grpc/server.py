@@ -352,7 +352,7 @@ async def _abort(
 ) -> None:
     """The call's error status; a call already ended (the client's deadline passed as the server's own did, or it
     cancelled) is cancelled instead, as grpc ends one quietly: its status could not be sent (ExecuteBatchError),
-    and grpc logged that error's traceback (a QA call at 50 ms, in CI)."""
+    and grpc logged that error's traceback (a QA call at 50 ms, in the deadline test)."""
     try:
         await context.abort(code, message, trailing_metadata=trailing)
     except grpc.aio.InternalError:
