@@ -30,6 +30,7 @@ from tests.service.frontend.conftest import API_KEY
 
 TEXTS = ["a gorgeous movie", "dull and far too long"]
 AUTH = (("authorization", f"Bearer {API_KEY}"),)
+AUTH_HEADERS = dict(AUTH)
 
 
 def texts(name: str, values: list[str]) -> grpcclient.InferInput:
@@ -258,10 +259,8 @@ def test_the_calls_about_a_model_are_counted_as_rests_are(strict_oip_server) -> 
     A call refused for its key is the unknown model's (its message is not read), as ModelInfer's is."""
 
     def counted(model: str, status: str) -> float:
-        auth = {"authorization": f"Bearer {API_KEY}"}
-        text = httpx.get(f"{strict_oip_server.http.url}/metrics", headers=auth, timeout=10).text
-        series = f'bertserve_requests_total{{endpoint="grpc-info",model="{model}",status="{status}"}} '
-        return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(series)), 0.0)
+        labels = f'model="{model}"', f'status="{status}"'
+        return requests_total(strict_oip_server, *labels, endpoint="grpc-info", headers=AUTH_HEADERS)
 
     before = counted("bert-qa", "200"), counted("unknown", "401"), counted("unknown", "404")
     with grpc.insecure_channel(strict_oip_server.grpc_url) as channel:
@@ -327,10 +326,10 @@ def test_a_passed_deadline_is_deadline_exceeded(oip_server) -> None:
     assert any(peer.startswith("127.0.0.1:") and status == "504" for peer, status in logged), log[-3000:]
 
 
-def infer_total(server, *series: str) -> float:
-    """The sum of the grpc-infer request counts, or of those whose labels hold every one of `series`."""
-    text = httpx.get(f"{server.http.url}/metrics", timeout=10).text
-    prefix = 'bertserve_requests_total{endpoint="grpc-infer"'
+def requests_total(server, *series: str, endpoint: str = "grpc-infer", headers: dict[str, str] | None = None) -> float:
+    """The sum of an endpoint's request counts, or of those whose labels hold every one of `series`."""
+    text = httpx.get(f"{server.http.url}/metrics", headers=headers, timeout=10).text
+    prefix = f'bertserve_requests_total{{endpoint="{endpoint}"'
     lines = [line for line in text.splitlines() if line.startswith(prefix) and all(s in line for s in series)]
     return sum(float(line.split()[-1]) for line in lines)
 
@@ -360,7 +359,7 @@ def test_every_call_ended_by_its_deadline_is_counted_and_logged(oip_server) -> N
     # a call answered just as its deadline passed is the server's 200 and the client's DEADLINE_EXCEEDED
     statuses = {"DEADLINE_EXCEEDED": {"504", "200"}, "OK": {"200"}, "RESOURCE_EXHAUSTED": {"429"}}
     for round_number, timeout in enumerate((0.002, 0.02)):
-        before = infer_total(oip_server)
+        before = requests_total(oip_server)
         ids = [f"storm-{round_number}-{number}" for number in range(len(shapes))]
         with grpc.insecure_channel(oip_server.grpc_url) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -377,7 +376,7 @@ def test_every_call_ended_by_its_deadline_is_counted_and_logged(oip_server) -> N
         logged = access_lines(oip_server, ids)
         for rid, code in zip(ids, codes, strict=True):
             assert len(logged[rid]) == 1 and logged[rid][0] in statuses[code], (rid, code, logged)
-        assert infer_total(oip_server) - before == len(shapes)
+        assert requests_total(oip_server) - before == len(shapes)
     assert "Traceback" not in oip_server.http.log()
 
 
@@ -388,7 +387,7 @@ def test_a_call_grpc_ended_before_its_message_was_read_is_counted_and_logged(oip
     is a call its client ended, 499. A call that ends without a whole message (a streaming client's) is the
     client's error."""
     big = raw_request("bert-classification", "text", [b"x" * 1000] * 2200)  # 2.2 MB, past the 2 MiB default
-    before = infer_total(oip_server, 'model="unknown"', 'status="499"')
+    before = requests_total(oip_server, 'model="unknown"', 'status="499"')
     with grpc.insecure_channel(oip_server.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as error:
@@ -404,7 +403,7 @@ def test_a_call_grpc_ended_before_its_message_was_read_is_counted_and_logged(oip
         )
         assert stub.ModelInfer(GOOD, timeout=30).outputs[0].name == "label"
     assert access_lines(oip_server, ["too-large", "no-message"]) == {"too-large": ["499"], "no-message": ["400"]}
-    assert infer_total(oip_server, 'model="unknown"', 'status="499"') - before == 1
+    assert requests_total(oip_server, 'model="unknown"', 'status="499"') - before == 1
 
 
 def test_overload_is_resource_exhausted_with_a_retry_hint(strict_oip_server) -> None:
