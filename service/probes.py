@@ -35,6 +35,7 @@ from typing import Any
 
 log = logging.getLogger("service.probes")
 HEARTBEAT_S = 0.2
+STATE_DIR_PREFIX = "bertserve-probes-"  # the folder of a probe process's state file, one per server process
 Verdict = tuple[int, dict[str, Any]]
 
 
@@ -128,7 +129,7 @@ class ProbeProcess:
         self._sock = sock
         self._liveness = liveness
         self._readiness = readiness
-        self._dir = Path(tempfile.mkdtemp(prefix="bertserve-probes-"))
+        self._dir = Path(tempfile.mkdtemp(prefix=STATE_DIR_PREFIX))
         self.state = HeartbeatFile(self._dir / "state.json")
         self._stall_s = stall_s
         self._child: subprocess.Popen | None = None
@@ -158,10 +159,7 @@ class ProbeProcess:
             except subprocess.TimeoutExpired:
                 self._child.kill()
         self._sock.close()
-        for path in self._dir.glob("*"):
-            path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            self._dir.rmdir()
+        remove_state(self.state.path)
 
 
 def probe_child(sock: socket.socket, state: HeartbeatFile, stall_s: float) -> subprocess.Popen:
@@ -220,7 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     httpd = serve_probes(socket.socket(fileno=args.fd), HeartbeatFile(args.state), args.stall_s)
     threading.Thread(target=httpd.serve_forever, name="probes", daemon=True).start()
     sys.stdin.buffer.read()  # returns when the server closes its end, or dies
+    remove_state(args.state)  # a server killed outright (kill -9, an OOM kill) left its folder behind, one a death
     return 0
+
+
+def remove_state(state: Path) -> None:
+    """The state file, and its folder where `ProbeProcess` made it for that file alone."""
+    state.unlink(missing_ok=True)
+    if state.parent.name.startswith(STATE_DIR_PREFIX):
+        for path in state.parent.glob("*"):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            state.parent.rmdir()
 
 
 if __name__ == "__main__":

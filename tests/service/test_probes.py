@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -31,6 +32,19 @@ def test_a_server_answers_probes_on_its_probe_port(tiny_repository: Path, server
     assert missing.content.startswith(b'{"error":"')  # compact, as the app writes every body
     assert server.stop() == 0
     assert "probes on http://127.0.0.1:" in server.log()
+
+
+def test_a_server_killed_outright_leaves_no_probe_state_behind(tiny_repository: Path, server_factory) -> None:
+    """The probe process outlives a server killed with SIGKILL (an OOM kill) only until it reads the end of its
+    stdin; its state folder was left in /tmp at every such death (one per restart of a front-end in process mode)."""
+    server = server_factory(tiny_repository, "--models", "bert-classification", "--probe-port", str(free_port()))
+    child = int(re.findall(r"answered by process (\d+)", server.log())[-1])
+    command = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+    state = Path(command[command.index(b"--state") + 1].decode())
+    assert state.parent.name.startswith(probes.STATE_DIR_PREFIX) and state.exists()
+    server.process.kill()
+    server.process.wait(10)
+    assert wait_for(lambda: not state.parent.exists(), timeout=10), list(state.parent.iterdir())
 
 
 def test_head_is_answered_as_get_without_a_body_on_both_ports(tiny_repository: Path, server_factory) -> None:
