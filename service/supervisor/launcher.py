@@ -50,7 +50,10 @@ log = logging.getLogger("service.supervisor.launcher")
 POLL_S = 0.1
 ENGINE_START_S = 600.0  # loading every model, before the socket appears (warm-up happens after)
 FRONTEND_START_S = 120.0  # imports and the app's start-up, before it writes its heartbeat file (seconds, normally)
-ENGINE_STOP_S = 30.0  # at a stop, after the front-ends': the engine's wait for the batches it runs, then a kill
+# At a stop, after the front-ends': the engine's time to finish the batch on its device and close its sessions, then a
+# kill. Its front-ends are gone, so what it still runs has nobody to answer; a hung engine held the stop 30 s here,
+# past a pod's grace period (preStop + the drain + this must fit in terminationGracePeriodSeconds).
+ENGINE_STOP_S = 10.0
 FRONTEND_STOP_EXTRA_S = 5.0  # a front-end's wait past --drain-timeout-s before its kill
 MAX_FAILED_STARTS = 3  # exits in a row before a process began to serve: it cannot start, and the server stops
 

@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.metrics import MULTIPROCESS_DIR
+from service.supervisor.launcher import ENGINE_STOP_S, FRONTEND_STOP_EXTRA_S
 from tests.harness.serving import free_port, start_service
 from tests.service.conftest import wait_for
 from tests.service.lifecycle import publish
@@ -313,6 +314,22 @@ def test_sigterm_drains_the_front_ends_then_stops_the_engine(tiny_repository: Pa
     assert_admitted_work_finished(outcomes, server.log())
     log = server.log()
     assert log.rindex("Application shutdown complete") < log.index("engine: stopping") < log.index("stopped")
+
+
+def test_a_hung_engine_holds_the_stop_no_longer_than_its_bound(tiny_repository: Path, server_factory) -> None:
+    """An engine that is hung at SIGTERM (SIGSTOP: a deadlock, a hung driver call) is killed ENGINE_STOP_S after the
+    front-ends have stopped: its front-ends are gone, and what it still runs has nobody to answer. The stop took a
+    fixed 30 s whatever --drain-timeout-s said (an operator probe), the kubelet's SIGKILL before the launcher's own."""
+    server = server_factory(tiny_repository, *PROCESS, "--drain-timeout-s", "1")
+    hung = engine_pids(server.log())[-1]
+    os.kill(hung, signal.SIGSTOP)
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(60) == 0  # the front-ends drained; the engine's kill is logged as an error
+    seconds = time.monotonic() - started
+    assert f"engine did not stop in {ENGINE_STOP_S:.0f} s; killing it" in server.log(), server.log()
+    assert ENGINE_STOP_S <= seconds < ENGINE_STOP_S + 1 + FRONTEND_STOP_EXTRA_S, seconds
+    assert server.log().rstrip().endswith("stopped"), server.log()[-2000:]
 
 
 def test_ctrl_c_at_a_terminal_drains_the_front_ends_then_stops_the_engine(tiny_repository: Path, tmp_path: Path):
