@@ -9,9 +9,12 @@ output shape, as huggingface_hub's `InferenceClient(model=URL)` sends and parses
 - question-answering: `{answer, score, start, end}` for one input with top_k 1, else a list; a list of those for a
   list of inputs.
 - feature-extraction (an embedding model): `[[float, ...], ...]`, a vector per input (a single input too, as TEI
-  answers it); its parameters sit beside `inputs`, not under `parameters` (the task's spec, and the client's).
+  answers it); its parameters sit beside `inputs` (the task's spec, and the client's), or under `parameters` (the
+  Inference API's older clients), in one place each.
 - sentence-similarity (an embedding model, its `inputs` an object `{source_sentence, sentences}`): `[float, ...]`,
   the cosine similarity of the source to each sentence, in the sentences' order.
+
+Every payload may carry the Inference API's `options` (use_cache, wait_for_model), which change nothing here.
 
 An adapter only: the body's parameters become the request pipeline's options (`RequestPipeline.classify`, `ner`,
 `qa`, `embed`), and the request is admitted, limited, timed and counted as the native routes' are
@@ -83,10 +86,22 @@ async def _question_answering(pipeline: RequestPipeline, name: str, body: Any, t
 
 async def _feature_extraction(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[Any, Timings]:
     texts = body.inputs if isinstance(body.inputs, list) else [body.inputs]
-    normalize = True if body.normalize is None else body.normalize
+    params = _feature_extraction_parameters(body)
+    normalize = True if params.normalize is None else params.normalize
     return await pipeline.embed(
-        name, texts, ticket, normalize, body.dimensions, body.truncate, prompt_name=body.prompt_name
+        name, texts, ticket, normalize, params.dimensions, params.truncate, prompt_name=params.prompt_name
     )
+
+
+def _feature_extraction_parameters(body: schemas.HfFeatureExtractionRequest) -> schemas.HfFeatureExtractionParameters:
+    """The parameters given beside `inputs` and those under `parameters`, in one; a parameter given in both places
+    is a 422 naming it (which one would be meant?)."""
+    given = {key: getattr(body, key) for key in schemas.HfFeatureExtractionParameters.model_fields}
+    for key, value in (body.parameters.model_dump(exclude_none=True) if body.parameters else {}).items():
+        if given[key] is not None:
+            raise InvalidInput(f"{key} is given twice, beside inputs and in parameters: give it once", field=key)
+        given[key] = value
+    return schemas.HfFeatureExtractionParameters(**given)
 
 
 async def _sentence_similarity(pipeline: RequestPipeline, name: str, body: Any, ticket: Ticket) -> tuple[Any, Timings]:

@@ -245,6 +245,16 @@ class ModelList(BaseModel):
 # {"inputs", "parameters"} of the model's task, answered in that task's output shape.
 
 
+class HfOptions(Strict):
+    """The Inference API's `options`, as its clients send them (langchain's HuggingFaceInferenceAPIEmbeddings sends
+    both on every call): taken, and they change nothing here."""
+
+    use_cache: StrictBool | None = Field(None, description="taken and ignored: every answer is computed, none cached")
+    wait_for_model: StrictBool | None = Field(
+        None, description="taken and ignored: a model not ready is a 503 with Retry-After, whatever it says"
+    )
+
+
 class HfClassificationParameters(Strict):
     top_k: StrictInt | None = Field(None, ge=1, description="best labels per input; null: every label, sorted")
     function_to_apply: Literal["sigmoid", "softmax", "none"] | None = Field(
@@ -257,6 +267,7 @@ class HfClassificationRequest(Strict):
         description="a text, a {text, text_pair} or a non-empty list of them"
     )
     parameters: HfClassificationParameters | None = None
+    options: HfOptions | None = None
 
 
 class HfTokenClassificationParameters(Strict):
@@ -272,6 +283,7 @@ class HfTokenClassificationParameters(Strict):
 class HfTokenClassificationRequest(Strict):
     inputs: str | Annotated[list[str], INPUTS] = Field(description="a text or a non-empty list of texts")
     parameters: HfTokenClassificationParameters | None = None
+    options: HfOptions | None = None
 
 
 class HfQuestionAnsweringParameters(Strict):
@@ -289,12 +301,14 @@ class HfQuestionAnsweringParameters(Strict):
 class HfQuestionAnsweringRequest(Strict):
     inputs: QaInput | Annotated[list[QaInput], INPUTS]
     parameters: HfQuestionAnsweringParameters | None = None
+    options: HfOptions | None = None
 
 
-class HfFeatureExtractionRequest(Strict):
-    """feature-extraction's payload: its parameters at the top level, beside `inputs` (Hugging Face's task spec)."""
+class HfFeatureExtractionParameters(Strict):
+    """feature-extraction's parameters, at the top level of its payload (Hugging Face's task spec, and
+    huggingface_hub's), or under `parameters` (the Inference API's older clients: langchain's
+    HuggingFaceHubEmbeddings sends `{"inputs", "parameters": {}}`); one may be given in one place only."""
 
-    inputs: str | Annotated[list[str], INPUTS] = Field(description="a text or a non-empty list of texts")
     normalize: StrictBool | None = Field(None, description="scale each vector to unit length; null: true")
     prompt_name: str | None = Field(
         None, description="one of the model's prompts, put before each text; null: the model's default prompt"
@@ -312,6 +326,14 @@ class HfFeatureExtractionRequest(Strict):
         "model's dimension",
     )
     encoding_format: Literal["float"] | None = Field(None, description="float, the only one taken")
+
+
+class HfFeatureExtractionRequest(HfFeatureExtractionParameters):
+    """feature-extraction's payload: its parameters beside `inputs`, or under `parameters`."""
+
+    inputs: str | Annotated[list[str], INPUTS] = Field(description="a text or a non-empty list of texts")
+    parameters: HfFeatureExtractionParameters | None = None
+    options: HfOptions | None = None
 
 
 class HfSentenceSimilarityInput(Strict):
@@ -341,6 +363,7 @@ class HfSentenceSimilarityRequest(Strict):
 
     inputs: HfSentenceSimilarityInput
     parameters: HfSentenceSimilarityParameters | None = None
+    options: HfOptions | None = None
 
 
 HfTaskRequest = Annotated[
@@ -504,6 +527,7 @@ REQUEST_FIELDS = frozenset(
         OpenAIEmbeddingRequest,
         HfFeatureExtractionRequest,
         HfSentenceSimilarityInput,
+        HfOptions,
     )
     for name in model.model_fields
 )

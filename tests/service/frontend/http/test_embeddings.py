@@ -370,10 +370,19 @@ def test_huggingface_hubs_feature_extraction(embed_server: Server, reference, se
     with embed_server.client() as client:
         several = client.post(url, json={"inputs": sentences[:2], "normalize": True, "truncate": True})
         unknown = client.post(url, json={"inputs": "x", "prompt_name": "query"})
-        nested = client.post(url, json={"inputs": "x", "parameters": {"normalize": True}})
+        # the Inference API's older clients: parameters under `parameters` (langchain's HuggingFaceHubEmbeddings
+        # sends an empty object), `options` (its HuggingFaceInferenceAPIEmbeddings sends both): a 422 each, before
+        older = {"inputs": sentences[:2], "parameters": {"normalize": False}, "options": {"wait_for_model": True}}
+        nested = client.post(url, json=older)
+        empty = client.post(url, json={"inputs": sentences[:2], "parameters": {}, "options": {"use_cache": True}})
+        plain_normalized = client.post(url, json={"inputs": sentences[:2], "normalize": False})
+        twice = client.post(url, json={"inputs": "x", "normalize": True, "parameters": {"normalize": True}})
     assert several.status_code == 200 and cosines(several.json(), want[:2]).min() >= COSINE
     assert unknown.status_code == 422 and unknown.json()["field"] == "prompt_name", unknown.text  # top level here
-    assert nested.status_code == 422 and nested.json()["field"] == "parameters"
+    assert nested.status_code == 200 and nested.json() == plain_normalized.json(), nested.text
+    assert empty.status_code == 200 and empty.json() == several.json(), empty.text
+    assert twice.status_code == 422 and twice.json()["field"] == "normalize", twice.text
+    assert "given twice" in twice.json()["error"]
 
 
 HF_SENTENCE_SIMILARITY = """

@@ -166,7 +166,9 @@ BAD_REQUESTS = [
         "validation",
         "parameters.temperature",
     ),
-    ("bert-classification", {"inputs": "x", "options": {}}, 422, "validation", "options"),
+    # the Inference API's options are taken (below); another key among them is not
+    ("bert-classification", {"inputs": "x", "options": {"use_gpu": True}}, 422, "validation", "options.use_gpu"),
+    ("bert-ner", {"inputs": "x", "options": {"wait_for_model": "yes"}}, 422, "validation", "options.wait_for_model"),
     (
         "bert-classification",
         {"inputs": "x", "parameters": {"function_to_apply": "tanh"}},
@@ -210,6 +212,22 @@ def test_bad_requests_get_the_native_error_body(
     assert response.status_code == status, response.text
     assert response.json()["error_type"] == error_type and response.json()["field"] == field, response.json()
     assert "Traceback" not in response.text
+
+
+def test_the_inference_apis_options_are_taken_and_change_nothing(tiny_server: Server) -> None:
+    """`options` ({use_cache, wait_for_model}) is part of the Inference API's payload, and its clients send it
+    (langchain's HuggingFaceInferenceAPIEmbeddings on every call): it was a 422 on every task."""
+    options = {"use_cache": False, "wait_for_model": True}
+    bodies = {
+        "bert-classification": {"inputs": ["fine", "dull"], "parameters": {"top_k": 2}},
+        "bert-ner": {"inputs": NER_TEXTS[0]},
+        "distilbert-qa": {"inputs": {"question": "Who?", "context": QA_CONTEXT}},
+    }
+    with tiny_server.client() as client:
+        for model, body in bodies.items():
+            plain = client.post(f"/v1/models/{model}", json=body)
+            with_options = client.post(f"/v1/models/{model}", json={**body, "options": options})
+            assert with_options.status_code == 200 and with_options.json() == plain.json(), with_options.text
 
 
 def test_unknown_parameters_are_named_to_the_hugging_face_client(tiny_server: Server) -> None:
