@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -152,13 +153,43 @@ async def serve(request: Request) -> Response:
     if model.task is None:  # its model.json could not be read: the load failure says why
         raise model.load_failure()
     task = task_of(model.task, data)
-    body = parse_body(task.request, data)
+    try:
+        body = parse_body(task.request, data)
+    except RequestValidationError:
+        other = _other_task_taking(data, model.task)
+        if other is None:
+            raise
+        served = " and ".join(known.name for known in _tasks_of(model.task))
+        raise InvalidInput(
+            f"this payload is {other.name}'s, and model {name} serves {served}: send its task's payload "
+            "(GET /v1/models says which task a model serves)",
+            field="inputs",
+        ) from None
     async with admitted(request) as ticket:
         try:
             result, timings = await task.run(server.pipeline, name, body, ticket)
         except InvalidInput as exc:
             raise _named_in_the_payload(exc, task.parameters) from None
     return JsonAnswer(result, headers=timing_headers(timings, ticket))
+
+
+def _tasks_of(model_task: str) -> list[HfTask]:
+    return [TASKS[model_task], SENTENCE_SIMILARITY] if model_task == "embedding" else [TASKS[model_task]]
+
+
+def _other_task_taking(data: Any, model_task: str) -> HfTask | None:
+    """The task of another kind of model whose payload `data` is, where the model's own refused it: a question and
+    context sent to an embedding model were told 'inputs.source_sentence: Field required (also: inputs.context,
+    inputs.question, ...)', naming the fields the client did send."""
+    for task in (*TASKS.values(), SENTENCE_SIMILARITY):
+        if task in _tasks_of(model_task):
+            continue
+        try:
+            task.request.model_validate(data)
+        except ValidationError:
+            continue
+        return task
+    return None
 
 
 def _named_in_the_payload(exc: InvalidInput, parameters: str) -> InvalidInput:

@@ -377,12 +377,16 @@ def test_huggingface_hubs_feature_extraction(embed_server: Server, reference, se
         empty = client.post(url, json={"inputs": sentences[:2], "parameters": {}, "options": {"use_cache": True}})
         plain_normalized = client.post(url, json={"inputs": sentences[:2], "normalize": False})
         twice = client.post(url, json={"inputs": "x", "normalize": True, "parameters": {"normalize": True}})
+        question = client.post(url, json={"inputs": {"question": "Who?", "context": "Paris."}})
     assert several.status_code == 200 and cosines(several.json(), want[:2]).min() >= COSINE
     assert unknown.status_code == 422 and unknown.json()["field"] == "prompt_name", unknown.text  # top level here
     assert nested.status_code == 200 and nested.json() == plain_normalized.json(), nested.text
     assert empty.status_code == 200 and empty.json() == several.json(), empty.text
     assert twice.status_code == 422 and twice.json()["field"] == "normalize", twice.text
     assert "given twice" in twice.json()["error"]
+    assert question.status_code == 422 and question.json()["field"] == "inputs", question.text
+    want_words = f"this payload is question-answering's, and model {MODEL} serves feature-extraction and sentence-"
+    assert question.json()["error"].startswith(want_words), question.text
 
 
 HF_SENTENCE_SIMILARITY = """

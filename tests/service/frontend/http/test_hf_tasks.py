@@ -230,6 +230,33 @@ def test_the_inference_apis_options_are_taken_and_change_nothing(tiny_server: Se
             assert with_options.status_code == 200 and with_options.json() == plain.json(), with_options.text
 
 
+TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION = "text-classification", "token-classification"
+OTHER_TASKS_PAYLOADS = [
+    # (model, payload of another task, that task, what the model serves)
+    ("distilbert-qa", {"inputs": "a text"}, "text-classification", "question-answering"),
+    (
+        "bert-classification",
+        {"inputs": {"question": "Who?", "context": "Paris."}},
+        "question-answering",
+        "text-classification",
+    ),
+    ("bert-classification", {"inputs": "x", "parameters": {"stride": 4}}, "token-classification", TEXT_CLASSIFICATION),
+    ("bert-ner", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}, "sentence-similarity", TOKEN_CLASSIFICATION),
+]
+
+
+@pytest.mark.parametrize(("model", "body", "other", "served"), OTHER_TASKS_PAYLOADS)
+def test_another_tasks_payload_is_named_as_such(
+    tiny_server: Server, model: str, body: dict, other: str, served: str
+) -> None:
+    """The schema's own refusal listed the fields the client did send as missing ones ('inputs.source_sentence:
+    Field required (also: inputs.context, inputs.question)' for a question to an embedding model)."""
+    with tiny_server.client() as client:
+        response = client.post(f"/v1/models/{model}", json=body)
+    assert response.status_code == 422 and response.json()["field"] == "inputs", response.text
+    assert response.json()["error"].startswith(f"this payload is {other}'s, and model {model} serves {served}: ")
+
+
 def test_unknown_parameters_are_named_to_the_hugging_face_client(tiny_server: Server) -> None:
     [outcome] = call_hf_client(
         f"{tiny_server.url}/v1/models/bert-ner", [("token_classification", ["Paris"], {"stride": 10_000})]
