@@ -97,8 +97,10 @@ async def _feature_extraction(pipeline: RequestPipeline, name: str, body: Any, t
 def _feature_extraction_parameters(body: schemas.HfFeatureExtractionRequest) -> schemas.HfFeatureExtractionParameters:
     """The parameters given beside `inputs` and those under `parameters`, in one; a parameter given in both places
     is a 422 naming it (which one would be meant?)."""
+    if body.parameters is None:
+        return body  # the payload is its own parameters
     given = {key: getattr(body, key) for key in schemas.HfFeatureExtractionParameters.model_fields}
-    for key, value in (body.parameters.model_dump(exclude_none=True) if body.parameters else {}).items():
+    for key, value in body.parameters.model_dump(exclude_none=True).items():
         if given[key] is not None:
             raise InvalidInput(f"{key} is given twice, beside inputs and in parameters: give it once", field=key)
         given[key] = value
