@@ -135,6 +135,14 @@ def postprocess_all(
     ]
 
 
+def relevance_order(logits: Sequence[np.ndarray]) -> list[int]:
+    """The pairs' indices, most relevant first, by their logits (equal logits in the pairs' order). Not by the
+    relevance: a logit past ~37 has a sigmoid of exactly 1.0, and such pairs would tie in their order."""
+    if not logits:
+        return []
+    return (-np.array(logits, dtype=np.float64)[:, 0]).argsort(kind="stable").tolist()
+
+
 def relevance_all(logits: Sequence[np.ndarray]) -> list[float]:
     """A cross-encoder's relevance of each pair: the sigmoid of its one logit (each of shape (1,)), for all pairs
     in one numpy pass, as `postprocess_all`."""

@@ -119,10 +119,11 @@ class RequestPipeline:
 
     async def rerank(
         self, name: str, query: str, documents: list[str], ticket: Ticket, max_tokens_per_doc: int | None = None
-    ) -> tuple[list[float], Timings]:
+    ) -> tuple[list[float], list[int], Timings]:
         """The relevance of each document to the query, by a cross-encoder (a classification entry with one label
-        that the export marked rerank): the sigmoid of its logit of the (query, document) pair, in [0, 1] and in
-        the logit's order. The pairs are this request's rows in the batcher, as a classify request's inputs; a
+        that the export marked rerank): the sigmoid of its logit of the (query, document) pair, in [0, 1]; and the
+        documents' indices best first, by the logits (`classification.relevance_order`). The pairs are this
+        request's rows in the batcher, as a classify request's inputs; a
         pair longer than the model's window is cut as classify cuts one (--token-overflow), and with
         `max_tokens_per_doc` each document is first cut to its first that many tokens."""
         try:
@@ -148,8 +149,9 @@ class RequestPipeline:
                 self._check_task_options(lambda: classification.check_query(tokenizer, query, model.max_length))
             raise
         with tracing.span("postprocess"):
-            scores = classification.relevance_all([out["logits"] for out in outputs])
-        return scores, timings
+            logits = [out["logits"] for out in outputs]
+            scores, order = classification.relevance_all(logits), classification.relevance_order(logits)
+        return scores, order, timings
 
     async def embed(
         self,

@@ -33,9 +33,8 @@ def only_rerank_model(server: ServerState) -> str:
     raise InvalidInput(f"name the model ({served})", field="model")
 
 
-def ranked(scores: list[float], top_n: int | None) -> list[dict[str, Any]]:
-    """Results best first; equal scores in the documents' order."""
-    order = sorted(range(len(scores)), key=lambda index: -scores[index])
+def ranked(scores: list[float], order: list[int], top_n: int | None) -> list[dict[str, Any]]:
+    """Results best first, in the logits' order (equal logits in the documents' order)."""
     return [{"index": index, "relevance_score": scores[index]} for index in order[:top_n]]
 
 
@@ -69,8 +68,8 @@ async def serve_v1(request: Request) -> Response:
     request.scope[SCOPE_MODEL] = name
     texts = [document if isinstance(document, str) else document.text for document in body.documents]
     async with admitted(request) as ticket:
-        scores, timings = await server.pipeline.rerank(name, body.query, texts, ticket)
-    results = ranked(scores, body.top_n)
+        scores, order, timings = await server.pipeline.rerank(name, body.query, texts, ticket)
+    results = ranked(scores, order, body.top_n)
     if body.return_documents:
         for result in results:
             document = body.documents[result["index"]]
@@ -87,10 +86,10 @@ async def serve_v2(request: Request) -> Response:
     server = server_state(request)
     request.scope[SCOPE_MODEL] = body.model
     async with admitted(request) as ticket:
-        scores, timings = await server.pipeline.rerank(
+        scores, order, timings = await server.pipeline.rerank(
             body.model, body.query, body.documents, ticket, max_tokens_per_doc=body.max_tokens_per_doc
         )
-    results = ranked(scores, body.top_n)
+    results = ranked(scores, order, body.top_n)
     return JsonAnswer(
         envelope(body.model, results, len(body.documents), "2", timings, ticket),
         headers=timing_headers(timings, ticket),

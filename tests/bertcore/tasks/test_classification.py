@@ -83,3 +83,14 @@ def test_rerank_relevance_of_pairs_at_once_is_each_pairs_sigmoid() -> None:
     rows = [logits[i] for i in range(len(logits))]
     assert classification.relevance_all(rows) == [float(1.0 / (1.0 + np.exp(-float(row[0])))) for row in rows]
     assert classification.relevance_all([]) == []
+
+
+def test_rerank_order_is_the_logits_even_where_their_sigmoids_are_all_one() -> None:
+    """A logit past ~37 has a sigmoid of exactly 1.0: ranked by the relevance, such documents came back in the
+    request's order (a cross-encoder probe: logits 83.01, 91.96, 83.21, 91.03 answered as 0, 1, 2, 3)."""
+    saturated = [np.array([logit], dtype=np.float32) for logit in (83.01, 91.96, 83.21, 91.03)]
+    assert classification.relevance_all(saturated) == [1.0] * 4
+    assert classification.relevance_order(saturated) == [1, 3, 2, 0]
+    tied = [np.array([logit], dtype=np.float32) for logit in (2.0, -1.0, 2.0, 5.0, -1.0)]
+    assert classification.relevance_order(tied) == [3, 0, 2, 1, 4]  # equal logits in the documents' order
+    assert classification.relevance_order([]) == []
