@@ -34,9 +34,12 @@ def prepare(
     max_length: int,
     truncate: bool,
     fields: Sequence[str] | None = None,
+    pair_names: tuple[str, str] = ("text", "text_pair"),
 ) -> list[Row]:
     """One row per text or pair; one longer than the window is cut to it (`truncate`) or refused: a TaskInputError
-    naming it as the request does (`fields`: each input's name, e.g. rerank's documents.N; else inputs.N)."""
+    naming it as the request does (`fields`: each input's name, e.g. rerank's documents.N; else inputs.N), and for a
+    pair, how many of its tokens each part brings (`pair_names`: the parts' names, e.g. rerank's query and
+    document), so that the client knows which text to shorten."""
     rows = []
     encodings = tokenizer.encode_ids_batch(inputs)  # a row is its ids: no token maps back to the text
     for index, (item, encoding) in enumerate(zip(inputs, encodings, strict=True)):
@@ -45,12 +48,20 @@ def prepare(
             if not truncate:
                 field = f"inputs.{index}" if fields is None else fields[index]
                 what = f"input {index}" if fields is None else field
+                parts = "" if pair is None else _pair_parts(tokenizer, text, pair, len(encoding.ids), pair_names)
                 raise TaskInputError(
-                    f"{what} is {len(encoding.ids)} tokens long; this model takes at most {max_length}", field=field
+                    f"{what} is {len(encoding.ids)} tokens long{parts}; this model takes at most {max_length}",
+                    field=field,
                 )
             encoding = tokenizer.encode(text, pair, max_length=max_length)[0]
         rows.append(Row.from_encoding(encoding))
     return rows
+
+
+def _pair_parts(tokenizer: TextTokenizer, text: str, pair: str, length: int, names: tuple[str, str]) -> str:
+    """A pair's length by its parts, for its refusal: " (text 12 tokens, text_pair 588, 3 special)"."""
+    first, second = (len(tokenizer.encode(part, add_special_tokens=False)[0].ids) for part in (text, pair))
+    return f" ({names[0]} {first} tokens, {names[1]} {second}, {length - first - second} special)"
 
 
 def check_query(tokenizer: TextTokenizer, query: str, max_length: int) -> None:

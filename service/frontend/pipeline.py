@@ -142,7 +142,9 @@ class RequestPipeline:
             )
         pairs: list[classification.TextInput] = [(query, document) for document in documents]
         try:
-            outputs, timings = await self._classify_rows(model, pairs, texts, ticket, [name for name, _ in texts[1:]])
+            outputs, timings = await self._classify_rows(
+                model, pairs, texts, ticket, [name for name, _ in texts[1:]], ("query", "document")
+            )
         except InvalidInput as exc:  # a pair over the window: the query's fault where it leaves a document no room
             if exc.field is not None and exc.field.startswith("documents."):
                 tokenizer = model.loaded_tokenizer
@@ -198,12 +200,16 @@ class RequestPipeline:
         texts: list[tuple[str, str]],
         ticket: Ticket,
         names: Sequence[str] | None = None,
+        pair_names: tuple[str, str] = ("text", "text_pair"),
     ) -> tuple[list[Any], Timings]:
         """Texts or pairs, checked (`texts`: each with the field that names it) and tokenized, through the engine;
-        `names`: each input's name for a refusal of its length (else inputs.N)."""
+        `names`: each input's name for a refusal of its length (else inputs.N), `pair_names` a pair's two parts'."""
         tokenizer = model.loaded_tokenizer
         return await self._text_rows(
-            model, texts, ticket, lambda cut: classification.prepare(tokenizer, inputs, model.max_length, cut, names)
+            model,
+            texts,
+            ticket,
+            lambda cut: classification.prepare(tokenizer, inputs, model.max_length, cut, names, pair_names),
         )
 
     async def _text_rows(

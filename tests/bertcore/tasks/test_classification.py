@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from bertcore.tasks import classification
 from bertcore.tasks.errors import TaskInputError
+from bertcore.tokenization import TextTokenizer
+
+SHARED_MODELS = Path(__file__).resolve().parents[3].parent / "shared" / "models"
+SST2_TOKENIZER = SHARED_MODELS / "minilm-bert-sst2" / "tokenizer.json"
 
 LOGITS = np.array([2.0, 0.0, -1.0], dtype=np.float32)
 
@@ -94,3 +100,25 @@ def test_rerank_order_is_the_logits_even_where_their_sigmoids_are_all_one() -> N
     tied = [np.array([logit], dtype=np.float32) for logit in (2.0, -1.0, 2.0, 5.0, -1.0)]
     assert classification.relevance_order(tied) == [3, 0, 2, 1, 4]  # equal logits in the documents' order
     assert classification.relevance_order([]) == []
+
+
+@pytest.mark.skipif(not SST2_TOKENIZER.is_file(), reason="../shared/models/minilm-bert-sst2 is absent")
+def test_a_pair_over_the_window_is_refused_with_what_each_part_brings() -> None:
+    """A rerank pair over the window said "documents.1 is 603 tokens long", the query's tokens counted as the
+    document's: the refusal now says what each part brings, named as the request names it."""
+    tokenizer = TextTokenizer.load(SST2_TOKENIZER, 0)
+    pairs: list[classification.TextInput] = [("a short query", "d"), ("a short query", "word " * 20)]
+    with pytest.raises(TaskInputError) as raised:
+        classification.prepare(tokenizer, pairs, 16, False, ["documents.0", "documents.1"], ("query", "document"))
+    assert raised.value.field == "documents.1"
+    assert str(raised.value) == (
+        "documents.1 is 26 tokens long (query 3 tokens, document 20, 3 special); this model takes at most 16"
+    )
+    with pytest.raises(TaskInputError) as unnamed:  # classify's pairs: text and text_pair, inputs.N
+        classification.prepare(tokenizer, [("word " * 20, "b")], 16, False)
+    assert unnamed.value.field == "inputs.0"
+    assert "input 0 is 24 tokens long (text 20 tokens, text_pair 1, 3 special)" in str(unnamed.value)
+    alone = classification.prepare(tokenizer, ["word " * 20], 32, False)  # a lone text: no parts to name
+    assert len(alone[0]) == 22
+    with pytest.raises(TaskInputError, match=r"^input 0 is 22 tokens long; this model"):
+        classification.prepare(tokenizer, ["word " * 20], 16, False)

@@ -185,6 +185,7 @@ def test_a_pair_over_the_window_is_named_as_the_request_names_it(refusing_server
     assert fine.status_code == 200
     assert document.status_code == 422 and document.json()["field"] == "documents.1", document.text
     assert document.json()["error"].startswith("documents.1 is ")
+    assert "(query 1 tokens, document " in document.json()["error"]  # the pair's length, by its parts
     assert query.status_code == 422 and query.json()["field"] == "query", query.text
     assert query.json()["error"].startswith("the query is ")
 
