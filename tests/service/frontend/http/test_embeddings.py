@@ -378,6 +378,7 @@ def test_huggingface_hubs_feature_extraction(embed_server: Server, reference, se
         plain_normalized = client.post(url, json={"inputs": sentences[:2], "normalize": False})
         twice = client.post(url, json={"inputs": "x", "normalize": True, "parameters": {"normalize": True}})
         question = client.post(url, json={"inputs": {"question": "Who?", "context": "Paris."}})
+        stray = client.post(url, json={"inputs": "x", "parameters": {"pooling": "cls"}})
     assert several.status_code == 200 and cosines(several.json(), want[:2]).min() >= COSINE
     assert unknown.status_code == 422 and unknown.json()["field"] == "prompt_name", unknown.text  # top level here
     assert nested.status_code == 200 and nested.json() == plain_normalized.json(), nested.text
@@ -385,6 +386,7 @@ def test_huggingface_hubs_feature_extraction(embed_server: Server, reference, se
     assert twice.status_code == 422 and twice.json()["field"] == "normalize", twice.text
     assert "given twice" in twice.json()["error"]
     assert question.status_code == 422 and question.json()["field"] == "inputs", question.text
+    assert stray.status_code == 422 and stray.json()["field"] == "parameters.pooling", stray.text  # where it was sent
     want_words = f"this payload is question-answering's, and model {MODEL} serves feature-extraction and sentence-"
     assert question.json()["error"].startswith(want_words), question.text
 
