@@ -208,7 +208,8 @@ def texts_of(tensor: InputTensor, pipeline: RequestPipeline) -> list[str]:
         if len(elements) != count:
             held = len(elements)
             shape = shown(list(tensor.shape))
-            raise BadRequest(f"input {tensor.name}: shape {shape} says {count} elements, the data holds {held}")
+            says = f"{count} element" if count == 1 else f"{count} elements"
+            raise BadRequest(f"input {tensor.name}: shape {shape} says {says}, the data holds {held}")
     texts = []
     for i, element in enumerate(elements):
         if isinstance(element, bytes):
@@ -243,10 +244,11 @@ def json_kind(value: object) -> str:
 
 
 def check_parameters(task: TaskTensors, parameters: dict[str, Any]) -> dict[str, Any]:
-    """The task's parameters of the request; BadRequest naming one the task does not take."""
+    """The task's parameters of the request; BadRequest naming one the task does not take, and every one a request
+    may give (the task's, then the transport's that every model takes)."""
     unknown = sorted(set(parameters) - set(task.parameters) - TRANSPORT_PARAMETERS)
     if unknown:
-        takes = ", ".join(task.parameters)
+        takes = ", ".join([*task.parameters, *sorted(TRANSPORT_PARAMETERS)])
         raise BadRequest(f"parameter {shown(unknown[0], 102)} is not one this model takes (it takes: {takes})")
     return {name: value for name, value in parameters.items() if name in task.parameters}
 

@@ -199,8 +199,10 @@ async def infer(request: Request) -> Response:
         size = (tensor.parameters or {}).get("binary_data_size")
         raw = None
         if size is not None:
-            if binary is None or not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise BadRequest(f"input {tensor.name}: binary_data_size needs the {HEADER_LENGTH} header and a size")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise BadRequest(f"input {tensor.name}: binary_data_size {shown(size, 22)} is not a size in bytes")
+            if binary is None:
+                raise BadRequest(f"input {tensor.name}: binary_data_size needs the {HEADER_LENGTH} header")
             raw, offset = binary[offset : offset + size], offset + size
             if len(raw) != size:
                 raise BadRequest(f"input {tensor.name}: binary_data_size {size} runs past the end of the body")

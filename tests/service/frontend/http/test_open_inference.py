@@ -150,6 +150,12 @@ BAD = [
     ),
     (
         "bert-classification",
+        {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x", "y"]}]},
+        400,
+        "shape [1] says 1 element, the data holds 2",
+    ),
+    (
+        "bert-classification",
         {"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}]},
         400,
         "it takes BYTES",
@@ -167,7 +173,7 @@ BAD = [
             "parameters": {"temperature": 2},
         },
         400,
-        "'temperature' is not one",
+        "'temperature' is not one this model takes (it takes: top_k, binary_data_output, priority, timeout)",
     ),
     (
         "bert-classification",
@@ -313,6 +319,19 @@ def test_a_tensor_sent_both_as_data_and_as_binary_data_is_refused(oip_server) ->
         response = client.post("/v2/models/bert-classification/infer", content=body, headers=headers)
     assert response.status_code == 400, response.text
     assert response.json()["error"] == "input text: both data and binary_data_size; send its texts one way"
+
+
+@pytest.mark.parametrize(("size", "words"), [(-1, "binary_data_size -1 is not a size in bytes"), (5, "needs the")])
+def test_a_binary_data_size_that_is_no_size_or_has_no_header_is_named_so(oip_server, size: int, words: str) -> None:
+    """A negative size was told to send the header it had sent."""
+    tensor = {"name": "text", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": size}}
+    head = json.dumps({"inputs": [tensor]}).encode()
+    framed = {"content-type": "application/octet-stream", "inference-header-content-length": str(len(head))}
+    headers = framed if size < 0 else {"content-type": "application/json"}
+    body = head + struct.pack("<I", 1) + b"x" if size < 0 else head
+    with oip_server.http.client() as client:
+        response = client.post("/v2/models/bert-classification/infer", content=body, headers=headers)
+    assert response.status_code == 400 and words in response.json()["error"], response.text
 
 
 @pytest.mark.parametrize("declared", [b"\xb2", b"9" * 5000], ids=["superscript-two", "5000-digits"])
