@@ -43,3 +43,8 @@ def natural_order(name: str) -> list[str | int]:
     """A sort key for names as people count them: layer.10 after layer.9, inputs.10 after inputs.2 (strings and
     numbers alternate, so two keys always compare)."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def article(name: str) -> str:
+    """The article before a class name as it is read aloud: an ElectraFor..., an XLNetFor... ("ex"), a BertFor..."""
+    return "an" if name[:1] in ("A", "E", "I", "O", "U") or name.startswith("XL") else "a"

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import torch
 
-from bertcore.messages import cut, natural_order, one_line
+from bertcore.messages import article, cut, natural_order, one_line
 from export.architectures import (
     ARCHITECTURES,
     HEAD_SUFFIXES,
@@ -247,14 +247,15 @@ def _resolve_task(source: str, class_name: str, requested: str, head: EmbeddingH
     if head is not None:
         if detected is not None and not head.sentence_transformers:  # a task head: its encoder is not an embedder
             raise ExportError(
-                f"task mismatch: {source} is a {class_name} ({detected}) but --task embedding was given; "
-                "embeddings come from a base model (*Model) or a sentence-transformers directory"
+                f"task mismatch: {source} is {article(class_name)} {class_name} ({detected}) but --task embedding "
+                "was given; embeddings come from a base model (*Model) or a sentence-transformers directory"
             )
         return "embedding"
     if detected is None and class_name and not _is_base_model(class_name):
         raise ExportError(
-            f"{source} is a {class_name}: its head ({_head_of(class_name)}) is not one this server serves; export "
-            "a checkpoint with a sequence classification, token classification or question answering head, or its "
+            f"{source} is {article(class_name)} {class_name}: its head ({_head_of(class_name)}) is not one this "
+            "server serves; export a checkpoint with a sequence classification, token classification or question "
+            "answering head, or its "
             "encoder as an embedding model with --task embedding --pooling mean|cls|max [--normalize]"
         )
     if not class_name:
@@ -272,7 +273,10 @@ def _resolve_task(source: str, class_name: str, requested: str, head: EmbeddingH
             f"({supported_summary()})"
         )
     if requested not in ("auto", detected):
-        raise ExportError(f"task mismatch: {source} is a {class_name} ({detected}) but --task {requested} was given")
+        raise ExportError(
+            f"task mismatch: {source} is {article(class_name)} {class_name} ({detected}) "
+            f"but --task {requested} was given"
+        )
     return detected
 
 

@@ -3,8 +3,9 @@
 Formats, one per task:
 - classification: a TSV, `text<TAB>label` or `text<TAB>text_pair<TAB>label`; the label is a label name of the
   model or its index (only its name where the model's labels are numbers other than their indices, star ratings
-  "1".."5": "1" is never read as index 1); a first line whose label is neither is a header and is skipped (one
-  whose first column has no name is pandas' index column, refused). Metric: accuracy.
+  "1".."5": "1" is never read as index 1); a first line whose label is neither, nor a number, is a header and is
+  skipped, and the export's summary quotes it (one whose first column has no name is pandas' index column,
+  refused). Metric: accuracy.
 - ner: CoNLL: one `word ... TAG` line per word (first column the word, last the IOB tag), a blank line between
   sentences, `-DOCSTART-` lines ignored. Metric: entity F1 (conlleval's exact span and type match), each word
   tagged by its first sub-token.
@@ -60,6 +61,7 @@ class EvalSet:
     order: list[list[int]]  # the row index of each row of each feed (rows: one per example, QA: one per window)
     extras: list[Any] = field(default_factory=list)  # per example: first token of each word, or a QaExample
     similarity: str = "cosine"  # embedding: how query and passage vectors are compared
+    header: list[str] | None = None  # a TSV's first line, where it was read as its header and skipped
 
     def __len__(self) -> int:
         return len(self.golds)
@@ -89,19 +91,26 @@ def load_eval_set(path: Path, checkpoint: Checkpoint, limit: int | None = None) 
             f"(SQuAD JSON is a QA model's; see docs/export.md)"
         )
     try:
-        readers: dict[str, Callable[[Path, Checkpoint], list[Any]]] = {
-            "classification": _read_tsv,
-            "ner": _read_conll,
-            "qa": _read_squad,
-        }
-        reader = readers[checkpoint.task]
-        examples = reader(path, checkpoint)
+        header: list[str] | None = None
+        if checkpoint.task == "classification":
+            examples, header = _read_tsv(path, checkpoint)
+        else:
+            readers: dict[str, Callable[[Path, Checkpoint], list[Any]]] = {"ner": _read_conll, "qa": _read_squad}
+            examples = readers[checkpoint.task](path, checkpoint)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ExportError(f"--eval {path}: cannot read it as {FORMATS[checkpoint.task]}: {one_line(exc)}") from exc
     examples = examples[:limit] if limit else examples
     if not examples:
-        raise ExportError(f"--eval {path} has no examples ({FORMATS[checkpoint.task]} expected)")
-    return _encode(path, checkpoint, examples)
+        skipped = f" (line 1 was read as its header: {_shown_row(header)})" if header is not None else ""
+        raise ExportError(f"--eval {path} has no examples ({FORMATS[checkpoint.task]} expected){skipped}")
+    eval_set = _encode(path, checkpoint, examples)
+    eval_set.header = header
+    return eval_set
+
+
+def _shown_row(row: list[str]) -> str:
+    """A TSV line as a message quotes it: its cells, each cut short."""
+    return ", ".join(cut(repr(cell), 40) for cell in row)
 
 
 def _starts_as_json(path: Path) -> bool:
@@ -115,8 +124,11 @@ def _starts_as_json(path: Path) -> bool:
     return start[:1] in (b"{", b"[") and start[1:2] in (b'"', b"{", b"[", b"]", b"}", b"\n", b"\r", b" ", b"\t")
 
 
-def _read_tsv(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str | None, int]]:
+def _read_tsv(path: Path, checkpoint: Checkpoint) -> tuple[list[tuple[str, str | None, int]], list[str] | None]:
+    """The examples, and the first line where it was read as the header (the export's summary shows it: a first
+    example whose label is not the model's was skipped as one without a word)."""
     labels = checkpoint.labels or []
+    header = None
     # labels that are numbers, but not their own indices: a digit in the file is a name, never an index (read both
     # ways, "0" was index 0 and "1".."4" names, four of five examples shifted, without a word)
     by_index = not any(label.isascii() and label.isdigit() for label in labels) or labels == [
@@ -141,15 +153,16 @@ def _read_tsv(path: Path, checkpoint: Checkpoint) -> list[tuple[str, str | None,
                             "index (its numbers would be read as the texts): write the file with "
                             "to_csv(..., sep='\\t', index=False)"
                         )
-                    if number == 1:
-                        continue  # a header
+                    if number == 1 and not (row[-1].strip().isascii() and row[-1].strip().isdigit()):
+                        header = [cell.strip() for cell in row]  # a number is a label, never a column's name
+                        continue
                     shown = cut(repr(row[-1]), 60)
                     indices = " or 0..N-1" if by_index else " (the model's labels are numbers: read as names only)"
                     raise ExportError(f"--eval {path} line {number}: label {shown} is not one of {labels}{indices}")
                 examples.append((row[0].strip(), row[1].strip() if len(row) == 3 else None, label))
         except csv.Error as exc:  # a field over csv's limit (131,072 characters), a NUL byte...
             raise ExportError(f"--eval {path} line {reader.line_num}: not a text<TAB>label line: {exc}") from exc
-    return examples
+    return examples, header
 
 
 def _label_index(text: str, labels: list[str], by_index: bool = True) -> int | None:

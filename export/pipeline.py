@@ -13,6 +13,7 @@ from typing import Any
 
 import onnx
 import onnxruntime as ort
+from tokenizers import Tokenizer
 
 from bertcore.messages import one_line
 from bertcore.model_config import FORMAT_VERSION
@@ -191,6 +192,8 @@ def export_checkpoint(
                 "metric": PRIMARY_METRIC[checkpoint.task],
                 "budget_points": max_accuracy_loss,
             }
+            if eval_set.header is not None:
+                config["evaluation"]["header"] = eval_set.header
         config["refused_variants"] = refused
         config["attention_fusion"] = attention_fusion
         write_config(staging, config)
@@ -330,6 +333,7 @@ def _save_tokenizer(checkpoint: Checkpoint, entry: Path) -> dict[str, Any]:
         raise ExportError(f"could not save the tokenizer: {one_line(exc)}") from exc
     if not (entry / "tokenizer.json").is_file():
         raise ExportError("the tokenizer did not produce tokenizer.json, which the server loads")
+    _without_call_settings(entry / "tokenizer.json")
     special = {
         key: getattr(tokenizer, key, None)
         for key in ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token", "eos_token")
@@ -343,6 +347,19 @@ def _save_tokenizer(checkpoint: Checkpoint, entry: Path) -> dict[str, Any]:
         "padding_side": tokenizer.padding_side,
         "model_max_length": min(int(tokenizer.model_max_length), 1_000_000_000),
     }
+
+
+def _without_call_settings(path: Path) -> None:
+    """The saved tokenizer without the truncation and padding that the export's own calls left on it: a fast
+    tokenizer keeps its last call's settings and saves them, and the entry's tokenizer.json cut every text at the
+    validation's last length (32 or the model's window) and padded batches, for anyone who loaded it but the
+    server (which sets its own). A checkpoint's tokenizer.json carries neither."""
+    tokenizer = Tokenizer.from_file(str(path))
+    if tokenizer.truncation is None and tokenizer.padding is None:
+        return
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    tokenizer.save(str(path))
 
 
 def _entry_config(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bertcore.messages import cut
 from export.pipeline import ExportResult
 
 
@@ -47,6 +48,9 @@ def summary(result: ExportResult) -> str:
             f"  measured on   {evaluation['data']} ({evaluation['examples']} examples, {evaluation['format']}); "
             f"budget {evaluation['budget_points']:g} points of {evaluation['metric']}"
         )
+        if evaluation.get("header") is not None:
+            cells = " | ".join(cut(cell, 40) for cell in evaluation["header"])
+            lines.append(f"  {'':<12}  line 1 read as the file's header and skipped: {cells}")
     for entry in config.get("refused_variants", {}).values():
         lines.append(f"  {entry['reason']}")
     lines.append(f"  cpu default   {config['default_variant']['cpu']}")
@@ -62,7 +66,10 @@ def _validation(report: dict[str, Any]) -> str:
     against = report.get("embedding_reference")
     if not against:  # an embedding's measure is its cosine with the reference, below: an int8 variant's vectors
         # are all under the share's 0.999 and read "agree 0.0%", as if it had failed, beside a cosine of 0.99
-        text += f", {report['agreement_of']} agree {100 * report['agreement']:.1f}%"
+        share = f"{100 * report['agreement']:.1f}%"
+        if report.get("compared") is not None:  # a share of 9 rows reads otherwise as if of hundreds
+            share = f"{report['agreed']} of {report['compared']} ({share})"
+        text += f", {report['agreement_of']} agree {share}"
     if report.get("batch_invariance_max_abs_diff") is not None:
         text += f"; alone vs batched max |diff| {report['batch_invariance_max_abs_diff']:.1e}"
     if against:

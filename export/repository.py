@@ -34,6 +34,9 @@ def check_target(repository: Path, name: str, checkpoint: str | None = None) -> 
     """Before any work: REPOSITORY/NAME may be replaced only where it is absent or an export entry (a folder with
     model.json), and never where it is, holds or lies inside the checkpoint folder (symlinks resolved)."""
     target = repository / name
+    existing = next((folder for folder in (repository, *repository.parents) if folder.exists()), None)
+    if existing is not None and not existing.is_dir():  # found before the checkpoint is loaded, not at the write
+        raise ExportError(f"cannot write to the model repository {repository}: {existing} is not a folder")
     if checkpoint is not None and Path(checkpoint).expanduser().exists():
         source, where = Path(checkpoint).expanduser().resolve(), target.resolve()
         if where == source or source in where.parents or where in source.parents:

@@ -40,6 +40,8 @@ class Validation:
     max_abs_diff: float | None = None
     agreement: float | None = None
     agreement_of: str | None = None
+    agreed: int | None = None  # of `compared` labels, tags or spans: how many the agreement is a share of
+    compared: int | None = None
     batch_invariance_max_abs_diff: float | None = None  # each batched row run alone against its row in the batch
     tolerance: float | None = None
     passed: bool | None = None
@@ -192,6 +194,7 @@ def validate(
     report.batch_invariance_max_abs_diff = functools.reduce(_larger, invariance) if invariance else None
     report.max_abs_diff = worst
     report.agreement = agree_total / count_total
+    report.agreed, report.compared = agree_total, count_total
     report.passed = worst <= tolerance if tolerance is not None else None
     bad, total, kinds = non_finite_rows(checkpoint.task, cases, all_produced)
     if bad:

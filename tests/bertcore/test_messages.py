@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bertcore.messages import one_line
+from bertcore.messages import article, one_line
 
 
 def test_a_hidden_folder_leaves_the_path_below_it_relative() -> None:
@@ -31,3 +31,16 @@ def test_a_relative_folder_is_taken_out_only_where_a_path_begins() -> None:
     assert one_line(RuntimeError("cannot read /srv/models2/x"), hide="/srv/models") == (
         "RuntimeError: cannot read /srv/models2/x"
     )
+
+
+def test_a_class_name_takes_the_article_it_is_read_with() -> None:
+    said = {name: article(name) for name in ("ElectraForTokenClassification", "AlbertModel", "XLNetModel")}
+    said |= {name: article(name) for name in ("BertForMaskedLM", "RobertaModel", "DistilBertModel")}
+    assert said == {
+        "ElectraForTokenClassification": "an",
+        "AlbertModel": "an",
+        "XLNetModel": "an",
+        "BertForMaskedLM": "a",
+        "RobertaModel": "a",
+        "DistilBertModel": "a",
+    }

@@ -197,6 +197,19 @@ def test_bad_input_is_one_line_and_leaves_repository_alone(
     assert snapshot(repository) == before
 
 
+def test_a_repository_path_that_is_a_file_is_refused_before_any_work(tiny_checkpoint, tmp_path: Path, capsys) -> None:
+    """It failed at the write, after the whole export, with "File exists"."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    source = str(tiny_checkpoint("electra", "ner"))
+    for repository in (afile, afile / "models"):
+        assert main([source, "--name", "m", "--repository", str(repository), "--quiet"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: cannot write to the model repository {repository}: {afile} is not a folder", err
+    assert main([source, "--name", "m", "--repository", str(tmp_path / "repo"), "--task", "qa", "--quiet"]) == 1
+    assert "is an ElectraForTokenClassification (ner) but --task qa was given" in capsys.readouterr().err
+
+
 def test_a_config_that_names_no_architectures_exports_with_its_task_given(
     tiny_checkpoint, tmp_path: Path, capsys
 ) -> None:

@@ -25,6 +25,7 @@ from export.evaluation import (
     refusal_reason,
 )
 from export.pipeline import export_checkpoint
+from export.report import summary
 from export.validation import create_session
 from tests.tiny_models import CORPUS
 
@@ -48,6 +49,8 @@ def test_classification_eval_measures_every_variant_and_records_it(tiny_checkpoi
     )
     config = result.config
     assert config["evaluation"]["examples"] == len(CORPUS) and config["evaluation"]["metric"] == "accuracy"
+    assert config["evaluation"]["header"] == ["sentence", "label"]  # skipped, and said so
+    assert "line 1 read as the file's header and skipped: sentence | label" in summary(result)
 
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     model = AutoModelForSequenceClassification.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
@@ -173,6 +176,12 @@ def test_qa_eval_reads_squad_json(tiny_checkpoint, tmp_path: Path) -> None:
             "2 tag(s) the model does not have (B-PERSON, B-CITY; first on line 1); its tags: O, B-PER, I-PER, B-LOC",
         ),
         ("classification", "sentence\tlabel\ngreat\t\u00b2\n", "line 2: label '\u00b2' is not one of"),  # isdigit()
+        ("classification", "a fine film\t7\nok\t1\n", "line 1: label '7' is not one of"),  # a number: no header
+        (  # a first example with a label the model lacks reads as a header: the message says so
+            "classification",
+            "a so-so film\tNEUTRAL\n",
+            "has no examples (text/label TSV expected) (line 1 was read as its header: 'a so-so film', 'NEUTRAL')",
+        ),
         (  # pandas' to_csv(sep="\t") with its index: the row numbers were read as the texts, the texts as pairs
             "classification",
             "\tsentence\tlabel\n0\tgreat\t1\n",

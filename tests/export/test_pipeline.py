@@ -103,6 +103,7 @@ def test_export_fuses_validates_and_reloads(tiny_checkpoint, tmp_path: Path, arc
 def _check_reload_matches_pytorch(entry: Path, config: dict, checkpoint: Path, task: str) -> None:
     """From the entry alone (tokenizer.json + ONNX), on texts the export never saw, match PyTorch."""
     tokenizer = Tokenizer.from_file(str(entry / config["tokenizer"]["file"]))
+    assert tokenizer.truncation is None and tokenizer.padding is None  # as the checkpoint's: no call's settings
     side = config["tokenizer"]["padding_side"]  # XLNet's pads on the left
     tokenizer.enable_padding(pad_id=config["tokenizer"]["pad_token_id"], direction=side)
     encodings = tokenizer.encode_batch(FRESH_TEXTS if task != "ner" else [t for t, _ in FRESH_TEXTS])
@@ -124,6 +125,18 @@ def _check_reload_matches_pytorch(entry: Path, config: dict, checkpoint: Path, t
         if task != "classification":
             want, got = want[mask], got[mask]
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_an_fp32_only_entrys_tokenizer_cuts_no_text(tiny_checkpoint, tmp_path: Path) -> None:
+    """The export's last call into the tokenizer (validation's 32-token cases with --variants fp32; the window
+    otherwise) stayed on it and was saved: the entry's tokenizer.json cut every text at 32 tokens and padded."""
+    checkpoint = tiny_checkpoint("bert", "ner")
+    export_checkpoint(str(checkpoint), "m", tmp_path / "models", variants=["fp32"])
+    tokenizer = Tokenizer.from_file(str(tmp_path / "models" / "m" / "tokenizer.json"))
+    assert tokenizer.truncation is None and tokenizer.padding is None
+    text = " ".join(["word"] * 60)
+    own = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(text).ids
+    assert tokenizer.encode(text).ids == own and len(own) > 64  # over the window: nothing cut
 
 
 @pytest.mark.parametrize("arch", ["bert", "roberta"])
