@@ -63,6 +63,7 @@ class _DeviceRun:
     queued: float  # time.monotonic() when it was queued on the device thread
     started: float  # ... when the device thread began it
     seconds: float
+    skipped: bool = False  # not run: every request of the batch was over before the device thread came to it
 
     @property
     def ended(self) -> float:
@@ -427,10 +428,20 @@ class Batcher:
         back to this event loop first, the batch waited for it, and under load the loop is busy with every
         request's frames while the device may be idle."""
         rows = [item.row for item in batch]
+        requests = list(dict.fromkeys(map(_REQUEST, batch)))
+
+        def nobody_waits() -> bool:
+            """Every request of the batch is over (its client gone, its deadline past, or answered): read on the
+            device thread, where a batch taken early may wait behind the running ones for seconds."""
+            now = time.monotonic()
+            return all(r.ticket.cancelled or now > r.ticket.deadline or r.future.done() for r in requests)
+
         if self._prepare is None:
-            return asyncio.wrap_future(self._executor.submit(self._on_device, rows, time.monotonic()))
+            return asyncio.wrap_future(self._executor.submit(self._on_device, rows, time.monotonic(), nobody_waits))
         try:
-            queued = await asyncio.wrap_future(self._prepare_executor.submit(self._prepare_and_queue, rows))
+            queued = await asyncio.wrap_future(
+                self._prepare_executor.submit(self._prepare_and_queue, rows, nobody_waits)
+            )
         except Exception:
             log.exception(
                 "batcher %s: preparing a batch of %d rows failed (requests %s)", self.name, len(batch), _ids(batch)
@@ -439,11 +450,11 @@ class Batcher:
             return None
         return asyncio.wrap_future(queued)
 
-    def _prepare_and_queue(self, rows: list[Any]) -> Future[_DeviceRun]:
+    def _prepare_and_queue(self, rows: list[Any], nobody_waits: Callable[[], bool]) -> Future[_DeviceRun]:
         """On the prepare thread: pad the batch, then queue it on the device thread."""
         assert self._prepare is not None
         prepared = self._prepare(rows)
-        return self._executor.submit(self._on_device, prepared, time.monotonic())
+        return self._executor.submit(self._on_device, prepared, time.monotonic(), nobody_waits)
 
     async def _wait_for_work(self) -> None:
         while not self._queued_rows:
@@ -557,8 +568,7 @@ class Batcher:
         of the admission gate for --request-timeout-s."""
         for request in requests:
             self._queued.discard(request)
-            if request.ticket.cancelled and not request.future.done():
-                request.set_exception(ClientClosed("the client went away before the answer; its rows were dropped"))
+        self._drop_taken(requests)
         dropped = set(requests)
         kept: list[_Item] = []
         for item in self._by_length:
@@ -570,9 +580,19 @@ class Batcher:
                 kept.append(item)
         self._by_length = kept
 
-    def _on_device(self, prepared: Any, queued: float) -> _DeviceRun:
-        """On the device thread: run one batch, timed there (queueing behind the batch before is not its time)."""
+    def _drop_taken(self, requests: Iterable[_Request]) -> None:
+        """The requests of a batch that was taken and not run: a client gone is over now (ClientClosed), as where
+        its rows are dropped from the queue; a deadline past has its timer's answer."""
+        for request in requests:
+            if request.ticket.cancelled and not request.future.done():
+                request.set_exception(ClientClosed("the client went away before the answer; its rows were dropped"))
+
+    def _on_device(self, prepared: Any, queued: float, nobody_waits: Callable[[], bool] | None = None) -> _DeviceRun:
+        """On the device thread: run one batch, timed there (queueing behind the batch before is not its time);
+        not at all where nobody waits for it any more (a batch taken early, its clients gone while it waited)."""
         started = time.monotonic()
+        if nobody_waits is not None and nobody_waits():
+            return _DeviceRun((), None, queued, started, 0.0, skipped=True)
         thread = threading.get_ident()
         self._running_since[thread] = started
         try:
@@ -593,6 +613,9 @@ class Batcher:
         try:
             run: _DeviceRun = await device_run
             requests = dict.fromkeys(map(_REQUEST, batch))  # each once: a request's rows were queued at once
+            if run.skipped:  # as rows dropped from the queue: nothing ran, nothing to learn or count
+                self._drop_taken(requests)
+                return
             self._learn_lead(run, requests)
             # The loop may be waiting for a free device: wake it before the rows' answers are queued on this event
             # loop, so that it hands the device its next batch first. Woken after them, it ran only once every

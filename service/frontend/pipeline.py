@@ -16,7 +16,7 @@ from bertcore.rows import Row
 from bertcore.tasks import classification, embedding, ner, qa
 from bertcore.tasks.errors import TaskInputError
 from service import tracing
-from service.errors import InvalidInput, WrongTask, unpaired_surrogate
+from service.errors import ClientClosed, InvalidInput, WrongTask, unpaired_surrogate
 from service.frontend.admission import Admission, ModelGates
 from service.frontend.engine_client import Engine
 from service.frontend.registry import SELF_TEST, ModelRegistry, ServedModel
@@ -359,6 +359,8 @@ class RequestPipeline:
             raise InvalidInput(str(exc), field=getattr(exc, "field", None)) from exc
 
     async def _run(self, model: ServedModel, rows: list[Row], ticket: Ticket, timings: Timings) -> list[Any]:
+        if ticket.cancelled:  # the client left while its texts were tokenized: the engine is not handed its rows
+            raise ClientClosed("the client went away before the answer; its rows were not run")
         tokens = sum(len(row) for row in rows)
         ticket.charge(tokens)
         share = self._model_share(model, tokens, ticket)

@@ -391,6 +391,32 @@ def test_a_request_whose_client_went_away_is_over_at_the_next_batch_not_at_its_d
     assert not any(row.tag.startswith("gone") for batch in batches for row in batch)
 
 
+@pytest.mark.parametrize("prepared", [False, True], ids=["rows", "prepared"])
+def test_a_batch_waiting_on_the_device_thread_whose_clients_went_away_does_not_run(prepared: bool) -> None:
+    """A full batch is taken early and waits on the device thread behind the running one (seconds, for long NER
+    batches on two streams); its client went away meanwhile: a probe saw those rows run and the request answered
+    200 to nobody. The device thread skips it now, and the request is over then: ClientClosed (499)."""
+
+    async def scenario(batcher, runner, _):
+        runner.gate.clear()
+        first = asyncio.create_task(batcher.submit(rows("a", [5]), Ticket.with_timeout(5)))
+        await until(on_device(batcher, 1), "the first batch on the device")
+        gone = Ticket.with_timeout(30)
+        abandoned = asyncio.create_task(batcher.submit(rows("gone", [5] * 8), gone))  # a full batch: taken early
+        await until(on_device(batcher, 2), "the full batch handed to the device thread")
+        gone.cancel()  # the client went away (the HTTP layer's disconnect)
+        runner.gate.set()
+        with pytest.raises(ClientClosed):
+            await asyncio.wait_for(abandoned, 5)
+        after = await batcher.submit(rows("next", [5]), Ticket.with_timeout(5))  # the batcher goes on
+        return await first, after, runner.batches
+
+    options = {"prepare": (lambda batch: batch)} if prepared else {}
+    first, after, batches = run(scenario, **options)
+    assert first == ["out:a0"] and after == ["out:next0"]
+    assert not any(row.tag.startswith("gone") for batch in batches for row in batch)
+
+
 def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on() -> None:
     async def scenario(batcher, runner, _):
         with pytest.raises(InferenceFailed):
