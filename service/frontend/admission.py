@@ -393,6 +393,8 @@ class Door:
         with tracing.span("admission") as span:
             passage = self._try_enter(body_bytes, model)
             span.set_attribute("bertserve.admitted", passage is not None)
+            if passage is None:  # the step's error, as a step an Overloaded raised in is marked: a 429, no ERROR
+                tracing.set_error(span, "Overloaded", 429)
         return passage
 
     def _try_enter(self, body_bytes: int | None, model: str | None) -> Passage | None:

@@ -18,11 +18,14 @@ request path makes.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import socket
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -35,10 +38,16 @@ if TYPE_CHECKING:
     from service.settings import Settings
 
 ENABLED = False  # read on the request path: is a tracer configured in this process?
+# The deadline (time.monotonic()) of the call whose task runs, where its protocol cancels the task at it (gRPC): a
+# step that the task's cancellation leaves past it is the deadline's (DeadlineExceeded, ERROR, as its server span
+# says), else a client's cancel. A cancel this close before it is the deadline's: the client's timer starts first.
+CALL_DEADLINE: ContextVar[float] = ContextVar("bertserve_call_deadline", default=math.inf)
+DEADLINE_SLACK_S = 0.02
 SCOPE = "bertserve"
 _tracer: trace.Tracer = trace.NoOpTracer()
 _provider: Any = None
 DroppedCounter = Callable[[str, int], None]  # reason, spans
+DROP_REASONS = ("queue_full", "export_failed")  # why spans are lost (service.tracing.sdk counts them)
 
 
 class _NoSpan(AbstractContextManager):
@@ -71,6 +80,8 @@ def configure(settings: Settings, process: str, on_dropped: DroppedCounter | Non
     from service.tracing import sdk as tracing_sdk
 
     count = on_dropped or (lambda reason, spans: None)
+    for reason in DROP_REASONS:  # each series at 0 from the start: the first loss already shows as an increase
+        count(reason, 0)
     resource = Resource.create(
         {
             "service.name": settings.otlp_service_name,
@@ -154,7 +165,10 @@ class _ChildSpan(AbstractContextManager):
             if isinstance(status, int):
                 set_error(self._span, type(error).__name__, status)
             elif isinstance(error, GeneratorExit | asyncio.CancelledError):  # the request's task cancelled
-                self._span.set_attribute("error.type", type(error).__name__)
+                if time.monotonic() >= CALL_DEADLINE.get() - DEADLINE_SLACK_S:
+                    set_error(self._span, "DeadlineExceeded", 504)
+                else:
+                    self._span.set_attribute("error.type", type(error).__name__)
             else:
                 self._span.record_exception(error)
                 set_error(self._span, type(error).__name__, 500, str(error) or None)

@@ -80,7 +80,7 @@ INFO_ENDPOINT = "grpc-info"  # ... of ModelMetadata and ModelReady, the calls ab
 MAX_MESSAGE_CHARS = 2000
 # A call cancelled this close to its deadline (or past it) is the deadline's doing (504), not the client's (499):
 # the client's own timer starts before the server's and cancels first
-DEADLINE_SLACK_S = 0.02
+DEADLINE_SLACK_S = tracing.DEADLINE_SLACK_S
 FIRST_MESSAGE_WAIT_S = 1.0  # how long a call to a method not served is read before its refusal (`NotServed`)
 # How long a call that read no message waits for grpc's cancel: none came, its client ended its stream without a
 # message (400); one came, grpc ended the call (its client cancelled it, or grpc refused its message: its size, its
@@ -209,6 +209,8 @@ def _ticket(settings: Settings, context: grpc.aio.ServicerContext) -> Ticket:
         timeout = min(timeout, remaining)
     ticket = Ticket.with_timeout(timeout, request_id=REQUEST_ID.get())
     ticket.started = time.perf_counter()
+    if tracing.ENABLED and remaining is not None:  # grpc cancels the call's task at its deadline
+        tracing.CALL_DEADLINE.set(ticket.deadline)
     return ticket
 
 

@@ -107,8 +107,8 @@ def endpoint_label(scope: Scope) -> str:
     if path == OPENAI_EMBEDDINGS_PATH:
         return "embeddings"
     parts = path.split("/")
-    if len(parts) == 5 and parts[1] == "v2" and parts[4] == "infer":
-        return V2_INFER_ENDPOINT
+    if parts[-1] == "infer" and parts[1] == "v2" and (len(parts) == 5 or (len(parts) == 7 and parts[4] == "versions")):
+        return V2_INFER_ENDPOINT  # /v2/models/{name}[/versions/{version}]/infer (a version is a 404, still an infer)
     if len(parts) == 5 and parts[1] == "v1" and parts[4] in INFERENCE_ENDPOINTS:
         return parts[4]
     posted_task = len(parts) == 4 and parts[1] == "v1" and scope.get("method") == "POST" and is_inference(path)

@@ -226,3 +226,67 @@ def test_a_step_that_fails_for_the_client_is_not_marked_as_the_servers_error(mon
         assert spans[name].status.status_code.name == status, name
     assert [event.name for event in spans["postprocess"].events] == ["exception"]  # a bug's traceback, recorded
     assert not spans["tokenize"].events  # a client's error: no exception event
+
+
+def memory_tracer(monkeypatch):
+    """Tracing on in this process, its spans kept in memory: the exporter."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "ENABLED", True)
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
+    return exporter
+
+
+def test_a_step_its_calls_deadline_cancelled_is_the_deadlines_and_a_client_cancel_is_not(monkeypatch) -> None:
+    """grpc cancels a call's task at the client's deadline: the server span said DeadlineExceeded (504, ERROR) and
+    its `engine` step said CancelledError, unset, as for a client's cancel."""
+    import asyncio
+    import contextvars
+    import time
+
+    exporter = memory_tracer(monkeypatch)
+
+    def cancelled_step(name: str, deadline: float | None) -> None:
+        if deadline is not None:
+            tracing.CALL_DEADLINE.set(deadline)
+        root = tracing.CurrentSpan(tracing.start_span("call"))
+        try:
+            with pytest.raises(asyncio.CancelledError), tracing.span(name):
+                raise asyncio.CancelledError
+        finally:
+            root.end()
+
+    contextvars.copy_context().run(cancelled_step, "cancelled", None)  # no deadline: the client's cancel
+    contextvars.copy_context().run(cancelled_step, "early", time.monotonic() + 60)  # before its deadline
+    contextvars.copy_context().run(cancelled_step, "late", time.monotonic() - 0.001)  # at (past) its deadline
+    steps = [span for span in exporter.get_finished_spans() if span.name != "call"]
+    marks = {span.name: (span.attributes["error.type"], span.status.status_code.name) for span in steps}
+    assert marks == {
+        "cancelled": ("CancelledError", "UNSET"),
+        "early": ("CancelledError", "UNSET"),
+        "late": ("DeadlineExceeded", "ERROR"),
+    }
+
+
+def test_a_429_at_the_door_marks_the_admission_step_as_the_server_span(monkeypatch) -> None:
+    """`bertserve.admitted` false said it; `error.type` (Overloaded, a client's status: unset) was missing, which
+    every other step an error leaves has."""
+    from service.frontend.admission import AdmissionGate, Door, ModelGates
+
+    exporter = memory_tracer(monkeypatch)
+    door = Door(AdmissionGate(max_queue_s=2.0, floor_tokens=100), ModelGates(2.0, 100), lambda model: False)
+    root = tracing.CurrentSpan(tracing.start_span("request"))
+    try:
+        assert door.try_enter(10_000) is not None  # a cold gate's one request, whatever it costs
+        assert door.try_enter(10_000) is None
+    finally:
+        root.end()
+    admitted, refused = [span for span in exporter.get_finished_spans() if span.name == "admission"]
+    assert admitted.attributes["bertserve.admitted"] is True and "error.type" not in admitted.attributes
+    assert refused.attributes["bertserve.admitted"] is False and refused.attributes["error.type"] == "Overloaded"
+    assert refused.status.status_code.name == "UNSET"

@@ -223,6 +223,15 @@ def test_grpc_calls_have_server_spans(traced_server, receiver: OtlpReceiver) -> 
     assert not [s for s in spans if s.trace_id == trace_id and s.name.endswith("/ServerReady")]
 
 
+def test_the_lost_spans_counter_has_its_series_before_any_loss(traced_server) -> None:
+    """Without a loss there was no series at all: a rate() over it read no data, not 0, and an alert on its
+    increase missed the first loss (the restart counter is made at 0 for that reason too)."""
+    with traced_server.client() as client:
+        text = client.get("/metrics").text
+    for reason in ("queue_full", "export_failed"):
+        assert f'bertserve_trace_spans_dropped_total{{reason="{reason}"}} 0.0' in text, reason
+
+
 def test_two_traceparents_are_no_parent(traced_server, receiver: OtlpReceiver) -> None:
     """W3C trace context's test suite: a request with two traceparent headers starts a trace of its own."""
     first, second = client_trace(), client_trace()

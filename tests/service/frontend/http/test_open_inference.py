@@ -414,3 +414,26 @@ def test_tritonclients_calls_of_what_is_not_served_say_so(oip_server) -> None:
             call()
         assert said in refused.value.message() and refused.value.status() == "404", refused.value.message()
     assert client.get_model_metadata("bert-classification")["name"] == "bert-classification"
+
+
+def test_a_version_addressed_infer_is_counted_as_an_infer(oip_server) -> None:
+    """/v2/models/{name}/versions/{v}/infer is a 404 (served models are unversioned), counted under endpoint
+    "info": a dashboard of v2-infer's errors missed it."""
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}
+    series = [
+        f'bertserve_requests_total{{endpoint="{endpoint}",model="bert-classification",status="404"}}'
+        for endpoint in ("v2-infer", "info")
+    ]
+
+    def counts(client) -> list[float]:
+        lines = client.get("/metrics").text.splitlines()
+        return [sum(float(line.split()[-1]) for line in lines if line.startswith(name + " ")) for name in series]
+
+    with oip_server.http.client() as client:
+        before = counts(client)
+        versioned = client.post("/v2/models/bert-classification/versions/1/infer", json=body)
+        metadata = client.get("/v2/models/bert-classification/versions/1")  # stays info
+        after = counts(client)
+    assert versioned.status_code == 404 and "unversioned" in versioned.json()["error"], versioned.text
+    assert metadata.status_code == 404
+    assert [b - a for a, b in zip(before, after, strict=True)] == [1.0, 1.0]
