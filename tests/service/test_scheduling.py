@@ -208,23 +208,31 @@ def test_a_client_that_leaves_a_long_request_frees_its_place_at_once(tiny_reposi
     flags = ("--models", "bert-ner", "--engine-mode", "process", "--max-batch-size", "2", "--access-log", "json")
     server = server_factory(tiny_repository, *flags, env=env)
     assert sleeping_session.MARK in server.log()
-    body = json.dumps({"inputs": ["Peter Blackburn met Maria Lopez in Brussels."] * 64}).encode()  # 32 batches
     host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port))) as client:
-        client.sendall(
-            f"POST /v1/models/bert-ner/ner HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"x-request-id: gone\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        time.sleep(0.5)  # 10 of its 32 batches run, at most
-    left = time.monotonic()
 
-    def access_line() -> dict | None:
+    def leave_after(request_id: str, texts: int, seconds: float) -> None:
+        body = json.dumps({"inputs": ["Peter Blackburn met Maria Lopez in Brussels."] * texts}).encode()
+        with socket.create_connection((host, int(port))) as client:
+            client.sendall(
+                f"POST /v1/models/bert-ner/ner HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"x-request-id: {request_id}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            time.sleep(seconds)
+
+    def access_line(request_id: str) -> dict | None:
         rows = [json.loads(row) for row in server.log().splitlines() if row.startswith("{")]
-        return next((row for row in rows if row.get("request_id") == "gone"), None)
+        return next((row for row in rows if row.get("request_id") == request_id), None)
 
-    assert wait_for(lambda: access_line() is not None, timeout=20), server.log()[-2000:]
+    leave_after("gone", 64, 0.5)  # 32 batches: 10 of them run, at most
+    left = time.monotonic()
+    assert wait_for(lambda: access_line("gone") is not None, timeout=20), server.log()[-2000:]
     assert time.monotonic() - left < 5  # at the next batch, not at the 30 s deadline
-    assert access_line()["status"] == 499, access_line()  # type: ignore[index]
+    assert access_line("gone")["status"] == 499, access_line("gone")  # type: ignore[index]
     with httpx.Client(base_url=server.url, timeout=30) as light:  # its place is free: a light request is answered
         assert light.post("/v1/models/bert-ner/ner", json={"inputs": ["Maria met Peter."]}).status_code == 200
+    # Gone while its one batch (50 ms) runs: the rows ran, and the answer reaches nobody: 499 as well, not a 200
+    # that counted a success nobody received
+    leave_after("gone-running", 2, 0.03)
+    assert wait_for(lambda: access_line("gone-running") is not None, timeout=20), server.log()[-2000:]
+    assert access_line("gone-running")["status"] == 499, access_line("gone-running")  # type: ignore[index]

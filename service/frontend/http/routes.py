@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.errors import BadRequest, InvalidInput, NotReady
+from service.errors import BadRequest, ClientClosed, InvalidInput, NotReady
 from service.frontend.admission import SCOPE_ADMISSION
 from service.frontend.http import schemas
 from service.frontend.http.content_coding import accepts_gzip
@@ -347,6 +347,8 @@ async def admitted(request: Request) -> AsyncIterator[Ticket]:
         watcher = asyncio.create_task(_watch_disconnect(request, ticket))
     try:
         yield ticket
+        if ticket.cancelled:  # answered after its client left: nobody reads it (a 200 counted success for nobody)
+            raise ClientClosed("the client went away before the answer")
     finally:
         if watcher is not None:
             watcher.cancel()
