@@ -13,8 +13,8 @@ Summary:
 - p99 at the stages (up to the knee) whose throughput is nearest 50% and 90% of saturation, where one came within
   25% of that (a one-stage run has no 50% point: its one stage was labelled so);
 - beyond saturation: over the stages after the knee, the share of requests shed (429) and failed;
-- warnings: rate stages that did not send their offered rate, and stages shedding or failing over 5% of their
-  requests, saturated by throughput or not.
+- warnings: rate stages that did not send their offered rate, stages shedding or failing over 5% of their
+  requests, saturated by throughput or not, and requests that got no answer at all, however few.
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ class RequestRecord:
     start: float  # epoch seconds
     endpoint: str
     outcome: str  # ok, shed, fail
-    status: int
+    status: int  # 0: no answer (connection error, client timeout, or none before the load stopped)
     ms: float
     rows: int
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def read_requests(path: Path) -> list[RequestRecord]:
                 int(row["status"]),
                 float(row["response_ms"]),
                 int(row["rows"]),
+                row.get("error") or "",
             )
             for row in csv.DictReader(stream)
         ]
@@ -194,6 +196,7 @@ def _totals(requests: int, ok: int, shed: int, failed: int) -> dict[str, Any]:
     }
 
 
+UNANSWERED_PREFIX = "no answer "  # locustfile.UNANSWERED: "no answer N s after the load stopped"
 PACE_FRACTION = 0.9  # a rate stage that sent less than this share of its offered rate did not offer it
 REFUSED_FRACTION = 0.05  # a stage shedding or failing more than this share was past what the server takes
 
@@ -221,6 +224,27 @@ def warnings(stats: Sequence[StageStats]) -> list[str]:
                 f"{100 * s.fail_rate:.1f}% failed: {cause}"
             )
     return said
+
+
+def scrape_warning(error: str) -> str:
+    """The warning of a run whose server's /metrics could not be read after it (died or hung meanwhile)."""
+    return f"the server's /metrics could not be read after the run ({error}): no figures"
+
+
+def unanswered_warnings(records: Sequence[RequestRecord]) -> list[str]:
+    """Requests that got no answer at all, whatever their share: a server that hangs fails one request per user of
+    a closed loop (under the 5% of `warnings`), and one whose requests were sent in a stage's settling seconds left
+    no trace in the stage figures: its stage read "0 requests" and the summary said nothing."""
+    silent = [r for r in records if r.status == 0]
+    if not silent:
+        return []
+    waiting = [r for r in silent if r.error.startswith(UNANSWERED_PREFIX)]
+    longest = max(r.ms for r in silent) / 1000
+    still = f", {len(waiting)} of them still waiting when the load stopped" if waiting else ""
+    return [
+        f"{len(silent)} request(s) got no answer at all (the longest waited {longest:.1f} s{still}): the server "
+        "stopped answering, or connections failed; requests.csv and locust_failures.csv say which"
+    ]
 
 
 def summarize(
@@ -254,7 +278,7 @@ def summarize(
         "at_90": None,
         "beyond": None,
     }
-    summary["warnings"] = warnings(stats)
+    summary["warnings"] = warnings(stats) + ([] if records is None else unanswered_warnings(records))
     answered = [s for s in stats if s.ok > 0]
     if not answered:
         return summary
@@ -423,8 +447,6 @@ def markdown(summary: dict[str, Any], stats: Sequence[StageStats], run: dict[str
             lines.append("- beyond saturation: no stage past the knee, no shed rate to report")
     for warning in summary.get("warnings", ()):
         lines.append(f"- **warning**: {warning}")
-    if failed := run.get("server_scrape_failed"):
-        lines.append(f"- **warning**: the server's /metrics could not be read after the run ({failed}): no figures")
     totals = summary["totals"]
     lines.append(
         f"- totals: {totals['requests']} requests, {totals['ok']} ok, {totals['shed']} shed, {totals['failed']} failed"

@@ -44,6 +44,7 @@ from loadtests.report import (
     parse_prometheus,
     read_requests,
     read_stages,
+    scrape_warning,
     stage_stats,
     stats_rows,
     summarize,
@@ -286,6 +287,7 @@ def write_report(report: Path, run: dict[str, Any], settle_s: float, metric: str
     )
     if after.startswith(SCRAPE_FAILED):  # the server died or hung meanwhile: said, not an empty section
         run["server_scrape_failed"] = after.removeprefix(SCRAPE_FAILED).strip()
+        summary["warnings"].append(scrape_warning(run["server_scrape_failed"]))
     summary["run"] = run
     summary["stage_figures"] = stats_rows(stats)
     rows = stats_rows(stats)
@@ -413,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
         "stop_reason": f"interrupted ({interrupted})" if interrupted else locust_run["stop_reason"],
         "locust_exit_code": locust_rc,
     }
+    if interrupted:  # Locust itself saw its schedule end (it was told to stop): the file says why it ended
+        locust_run["stop_reason"] = run["stop_reason"]
+        (report / "locust_run.json").write_text(json.dumps(locust_run, indent=2) + "\n")
     summary = write_report(report, run, args.settle_seconds, args.metric)
     if args.quiet:
         print(report)

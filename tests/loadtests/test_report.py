@@ -14,6 +14,7 @@ from loadtests.report import (
     metrics_delta,
     parse_prometheus,
     percentile,
+    scrape_warning,
     stage_stats,
     summarize,
 )
@@ -161,10 +162,34 @@ def test_a_server_shedding_or_a_pace_never_reached_is_said_whatever_the_throughp
         "stage 3 (offered 10): 0.0% shed (429) and 72.0% failed: errors, not load shed: requests.csv and "
         "locust_failures.csv say which"
     ]
-    text = markdown(summary, [*shedding, paced, fine], {"seconds": 30, "server_scrape_failed": "connection refused"})
+    scraped = {**summary, "warnings": [*summary["warnings"], scrape_warning("connection refused")]}  # the runner's
+    text = markdown(scraped, [*shedding, paced, fine], {"seconds": 30, "server_scrape_failed": "connection refused"})
     assert text.count("- **warning**: ") == 3
     assert "the server's /metrics could not be read after the run (connection refused)" in text
     assert summarize(STEPS[:4])["warnings"] == []  # no shed past 5%, closed loop: nothing to say
+
+
+def test_requests_that_got_no_answer_are_said_however_few_and_wherever_they_started() -> None:
+    """A server hung mid-run: a closed loop's two users left two requests unanswered (under the 5% warning, their
+    waits out of the latencies), and requests sent in a stage's settling seconds left no trace in its figures: the
+    stage read "0 requests", the summary "failed 0.00% of 0 requests", and no warning said the server had stopped."""
+    answered = [RequestRecord(100.0 + i / 10, "classify", "ok", 200, 12.0, 1) for i in range(100)]  # stage 0
+    hung = [
+        RequestRecord(111.0, "classify", "fail", 0, 18254.0, 1, "no answer 10 s after the load stopped"),
+        RequestRecord(111.2, "classify", "fail", 0, 18050.5, 1, "no answer 10 s after the load stopped"),
+        RequestRecord(111.5, "classify", "fail", 0, 900.0, 1, "no response (connection error or client timeout)"),
+    ]
+    stages = [StageWindow(0, 2, 2, None, 100.0, 110.0), StageWindow(1, 4, 4, None, 110.0, 120.0)]
+    stats = stage_stats([*answered, *hung], stages, settle_s=2.0)
+    assert stats[1].requests == 0  # all three in stage 1's settling seconds
+    summary = summarize(stats, records=[*answered, *hung])
+    assert summary["warnings"] == [
+        "3 request(s) got no answer at all (the longest waited 18.3 s, 2 of them still waiting when the load "
+        "stopped): the server stopped answering, or connections failed; requests.csv and locust_failures.csv say "
+        "which"
+    ]
+    assert summarize(stats, records=answered)["warnings"] == []
+    assert "- **warning**: 3 request(s) got no answer at all" in markdown(summary, stats, {"seconds": 20})
 
 
 def test_markdown_has_the_numbers() -> None:

@@ -436,6 +436,7 @@ def test_requests_unanswered_when_the_load_stops_are_failures(
     with (report / "requests.csv").open(newline="") as stream:
         (row,) = list(csv.DictReader(stream))
     assert row["outcome"] == "fail" and row["error"] == "no answer 10 s after the load stopped"
+    assert any("1 request(s) got no answer at all" in warning for warning in summary["warnings"]), summary
     assert float(row["response_ms"]) > 10_000
     # the stage ends when the load stops, not when Locust exits after that wait (its rates read low by it)
     (stage,) = locust_rows(report, "stages.csv")
@@ -474,6 +475,8 @@ def test_an_interrupted_run_stops_locust_and_reports_what_ran(
     assert f"interrupted ({stop.name}): the report holds what ran until then" in err
     summary = json.loads((report / "summary.json").read_text())
     assert summary["run"]["stop_reason"] == f"interrupted ({stop.name})" and summary["totals"]["requests"] >= 20
+    locust_run = json.loads((report / "locust_run.json").read_text())  # it said "schedule completed"
+    assert locust_run["stop_reason"] == f"interrupted ({stop.name})"
     assert (report / "summary.md").is_file()
     left = StubHandler.count
     time.sleep(1.5)
