@@ -58,6 +58,7 @@ from loadtests.payloads import (
 )
 from loadtests.shapes import (
     STOP_TIMEOUT_S,
+    UNANSWERED,
     Schedule,
     Stage,
     pacing_wait,
@@ -74,7 +75,6 @@ REQUEST_FIELDS = ("start_epoch", "endpoint", "outcome", "status", "response_ms",
 STAGE_FIELDS = ("index", "offered", "users", "rate", "start_epoch", "end_epoch")
 SPAWN_RATE = 100.0  # users per second: a step's users arrive at once
 MIXED = "mixed"  # MixedUser's endpoint: those of --mix in turn
-UNANSWERED = f"no answer {STOP_TIMEOUT_S:g} s after the load stopped"
 
 
 @dataclass

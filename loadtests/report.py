@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from loadtests.shapes import UNANSWERED
+
 Metric = Literal["requests", "sequences"]
 KNEE_FRACTION = 0.95
 NEAR_FRACTION = 0.25  # a stage stands for a share of saturation when its throughput is this near the target
@@ -196,7 +198,6 @@ def _totals(requests: int, ok: int, shed: int, failed: int) -> dict[str, Any]:
     }
 
 
-UNANSWERED_PREFIX = "no answer "  # locustfile.UNANSWERED: "no answer N s after the load stopped"
 PACE_FRACTION = 0.9  # a rate stage that sent less than this share of its offered rate did not offer it
 REFUSED_FRACTION = 0.05  # a stage shedding or failing more than this share was past what the server takes
 
@@ -238,7 +239,7 @@ def unanswered_warnings(records: Sequence[RequestRecord]) -> list[str]:
     silent = [r for r in records if r.status == 0]
     if not silent:
         return []
-    waiting = [r for r in silent if r.error.startswith(UNANSWERED_PREFIX)]
+    waiting = [r for r in silent if r.error == UNANSWERED]
     longest = max(r.ms for r in silent) / 1000
     still = f", {len(waiting)} of them still waiting when the load stopped" if waiting else ""
     return [

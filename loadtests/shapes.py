@@ -19,6 +19,7 @@ ShapeKind = Literal["step", "rate"]
 # Locust's --stop-timeout: how long the users' requests in flight at the end of the load may take to finish; one
 # still unanswered then is a failure (one cut short sooner, by --max-requests, is left out, as Locust leaves it)
 STOP_TIMEOUT_S = 10.0
+UNANSWERED = f"no answer {STOP_TIMEOUT_S:g} s after the load stopped"  # such a request's error in requests.csv
 
 
 @dataclass(frozen=True)

@@ -428,13 +428,13 @@ class Batcher:
         back to this event loop first, the batch waited for it, and under load the loop is busy with every
         request's frames while the device may be idle."""
         rows = [item.row for item in batch]
-        requests = list(dict.fromkeys(map(_REQUEST, batch)))
 
         def nobody_waits() -> bool:
             """Every request of the batch is over (its client gone, its deadline past, or answered): read on the
-            device thread, where a batch taken early may wait behind the running ones for seconds."""
+            device thread, where a batch taken early may wait behind the running ones for seconds. A live batch's
+            first row already says no."""
             now = time.monotonic()
-            return all(r.ticket.cancelled or now > r.ticket.deadline or r.future.done() for r in requests)
+            return all(r.ticket.cancelled or now > r.ticket.deadline or r.future.done() for r in map(_REQUEST, batch))
 
         if self._prepare is None:
             return asyncio.wrap_future(self._executor.submit(self._on_device, rows, time.monotonic(), nobody_waits))

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from bertcore.tasks import classification
 from bertcore.tasks.errors import TaskInputError
 from bertcore.tokenization import TextTokenizer
+from tests.conftest import SHARED
 
-SHARED_MODELS = Path(__file__).resolve().parents[3].parent / "shared" / "models"
-SST2_TOKENIZER = SHARED_MODELS / "minilm-bert-sst2" / "tokenizer.json"
+SST2_TOKENIZER = SHARED / "models" / "minilm-bert-sst2" / "tokenizer.json"
 
 LOGITS = np.array([2.0, 0.0, -1.0], dtype=np.float32)
 

@@ -192,17 +192,9 @@ def test_a_clients_tracestate_goes_with_its_traceparent_and_a_malformed_one_is_d
 def test_a_step_that_fails_for_the_client_is_not_marked_as_the_servers_error(monkeypatch) -> None:
     """A request's steps mark an error as its server span does: the SDK had made every exception ERROR, so a
     client's disconnect read as a failure of the `engine` span, an input refused as one of `tokenize`."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
     from service.errors import ClientClosed, InferenceFailed, InvalidInput
 
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "ENABLED", True)
-    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
+    exporter = memory_tracer(monkeypatch)
     root = tracing.CurrentSpan(tracing.start_span("request"))
     try:
         for name, error in (
